@@ -1,0 +1,37 @@
+"""optimum-shared-graph: one OpenVINO decoder graph for prompt prefill and token-by-token decode.
+
+Installing the package adds `--task text-generation-shared` to `optimum-cli export openvino`.
+"""
+
+from ._errors import (
+    DecompositionError,
+    ExportValidationError,
+    InvalidOptionsError,
+    ManifestError,
+    ModelNotSupportedError,
+    RuntimeSelectionError,
+    SharedGraphError,
+)
+from ._export import export
+from ._manifest import Manifest, read_manifest
+from ._options import ExportOptions
+from ._registration import TASK, register, supported_model_types
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "TASK",
+    "DecompositionError",
+    "ExportOptions",
+    "ExportValidationError",
+    "InvalidOptionsError",
+    "Manifest",
+    "ManifestError",
+    "ModelNotSupportedError",
+    "RuntimeSelectionError",
+    "SharedGraphError",
+    "export",
+    "read_manifest",
+    "register",
+    "supported_model_types",
+]

@@ -1,0 +1,94 @@
+"""The `optimum-cli export openvino` flags of the `text-generation-shared` task, and its run."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+from ._errors import SharedGraphError
+from ._options import FALLBACK_MODES, LOGITS_MODES, SHAPE_MODES, ExportOptions
+from ._registration import BASE_TASK, TASK
+
+# flag -> ExportOptions field. Flags default to None so we can tell which ones were given.
+_FLAGS = {
+    "shape_mode": "--shape-mode",
+    "max_cache_len": "--max-cache-len",
+    "static_batch_size": "--static-batch-size",
+    "static_query_len": "--static-query-len",
+    "logits": "--logits",
+    "fallback": "--fallback",
+    "skip_validation": "--skip-validation",
+}
+
+
+def add_arguments(parser) -> None:
+    """Add the plugin flags to `optimum-cli export openvino`."""
+    group = parser.add_argument_group(
+        f"{TASK} options (optimum-shared-graph)",
+        f"Only with --task {TASK}: one decoder graph for prompt prefill and decode.",
+    )
+    group.add_argument("--shape-mode", choices=SHAPE_MODES, default=None,
+                       help="dynamic (default): optimum-intel's dynamic interface; static: every shape fixed.")
+    group.add_argument("--max-cache-len", type=int, default=None, metavar="N",
+                       help="Static only: KV cache capacity (default: the model's max positions, capped at 2048).")
+    group.add_argument("--static-batch-size", type=int, default=None, metavar="N",
+                       help="Static only: fixed batch size (default 1).")
+    group.add_argument("--static-query-len", type=int, default=None, metavar="C",
+                       help="Static only: query tokens per call (default 1; C > 1 prefills C tokens per call).")
+    group.add_argument("--logits", choices=LOGITS_MODES, default=None,
+                       help="last (default): logits for the last position only; all: every position (assisted decoding).")
+    group.add_argument("--fallback", choices=FALLBACK_MODES, default=None,
+                       help="auto (default): use optimum-intel's partitioning when decomposition fails; never: fail.")
+    group.add_argument("--skip-validation", action="store_true", default=None,
+                       help="Do not check the exported graph against the PyTorch model.")
+
+
+def options_from_args(args) -> ExportOptions:
+    """Build the export options from parsed `optimum-cli` arguments."""
+    given = {field: getattr(args, field) for field in _FLAGS if getattr(args, field, None) is not None}
+    return ExportOptions(
+        **given,
+        stateful=not args.disable_stateful,
+        weight_format=args.weight_format,
+        trust_remote_code=args.trust_remote_code,
+        convert_tokenizer=not args.disable_convert_tokenizer,
+    )
+
+
+def run(command, original_run) -> None:
+    """Run `optimum-cli export openvino`: our pipeline for our task, optimum-intel's otherwise."""
+    args = command.args
+    if args.task != TASK:
+        given = [flag for field, flag in _FLAGS.items() if getattr(args, field, None) is not None]
+        if given:
+            _fail(f"{', '.join(given)} only applies with --task {TASK}")
+        return original_run(command)
+
+    from ._export import run_export
+
+    def raw_export(model_path: str, output: Path) -> None:
+        # optimum-intel's own command does the export and quantization, so every one of its flags
+        # keeps its meaning; it sees the with-past task so the graph is stateful and the
+        # quantization reload uses the cache.
+        saved = (args.model, args.output, args.task)
+        args.model, args.output, args.task = model_path, output, BASE_TASK
+        try:
+            original_run(command)
+        finally:
+            args.model, args.output, args.task = saved
+
+    try:
+        options = options_from_args(args)
+        quant = {"weight_format": args.weight_format, "quant_mode": args.quant_mode, "dataset": args.dataset}
+        manifest = run_export(args.model, args.output, options, raw_export=raw_export, quantization=quant)
+    except SharedGraphError as err:
+        if os.environ.get("OPTIMUM_SHARED_GRAPH_DEBUG"):
+            raise
+        _fail(str(err))
+    print(manifest.summary(), file=sys.stderr)
+
+
+def _fail(message: str) -> None:
+    print(f"error: {message}", file=sys.stderr)
+    raise SystemExit(2)

@@ -1,0 +1,65 @@
+"""The exceptions raised by optimum-shared-graph.
+
+Every message is one line that says what is wrong and how to fix it. The tree::
+
+    SharedGraphError
+    ├── InvalidOptionsError        bad flags or option values, caught before any export work
+    ├── ModelNotSupportedError     missing path, not a causal LM, unknown model type, remote code
+    ├── DecompositionError         generate() could not be split into prefill and decode calls
+    ├── ExportValidationError      the exported graph does not reproduce the PyTorch model
+    ├── ManifestError              missing, corrupt, newer-schema or tampered artifact
+    └── RuntimeSelectionError      no runtime provider covers what an artifact requires,
+                                   or a request the artifact cannot serve (prompt too long, ...)
+"""
+
+from __future__ import annotations
+
+
+class SharedGraphError(Exception):
+    """Root of every error this package raises on purpose."""
+
+
+class InvalidOptionsError(SharedGraphError, ValueError):
+    """An export or runtime option is invalid."""
+
+
+class ModelNotSupportedError(SharedGraphError):
+    """The model cannot be exported with the `text-generation-shared` task."""
+
+
+class DecompositionError(SharedGraphError):
+    """`generate()` could not be decomposed into one prefill call and decode calls.
+
+    Args:
+        message: the one-line reason.
+        architecture: the model class name.
+        expected: how many top-level `forward()` calls were expected.
+        captured: how many were recorded.
+    """
+
+    def __init__(self, message: str, *, architecture: str = "", expected: int = 0, captured: int = 0):
+        super().__init__(message)
+        self.architecture = architecture
+        self.expected = expected
+        self.captured = captured
+
+
+class ExportValidationError(SharedGraphError):
+    """The exported graph does not match the PyTorch model.
+
+    Args:
+        message: the one-line reason.
+        report: the validation results, as written to the manifest.
+    """
+
+    def __init__(self, message: str, *, report: dict | None = None):
+        super().__init__(message)
+        self.report = report or {}
+
+
+class ManifestError(SharedGraphError):
+    """An artifact's manifest is missing, unreadable, from a newer schema, or does not match its files."""
+
+
+class RuntimeSelectionError(SharedGraphError):
+    """No runtime can serve this artifact or this request."""

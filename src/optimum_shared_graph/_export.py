@@ -1,0 +1,309 @@
+"""The `text-generation-shared` export pipeline (SPEC section 4)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import tempfile
+import warnings
+from pathlib import Path
+from typing import Any, Callable
+
+from ._decompose import DEFAULT_PROMPT, Capture, capture_generation, check_one_graph_serves_both
+from ._errors import DecompositionError, ModelNotSupportedError, SharedGraphError
+from ._manifest import (
+    GRAPH_BIN, GRAPH_XML, MANIFEST_NAME, RT_INFO_KEY, Manifest, describe_ports, hash_graph_files,
+)
+from ._options import ExportOptions
+from ._registration import BASE_TASK, TASK, register, supported_model_types
+
+logger = logging.getLogger("optimum_shared_graph")
+
+RawExport = Callable[[str, Path], None]
+
+
+def export(model_or_path: Any, output_dir: str | os.PathLike, **options: Any) -> Manifest:
+    """Export a causal LM as one OpenVINO decoder graph for prefill and decode.
+
+    Args:
+        model_or_path: a hub model id, a local model directory, or a loaded transformers causal LM
+            (saved to a temporary directory first).
+        output_dir: where the artifact goes. Written only once validation has passed.
+        **options: the fields of `ExportOptions` (`logits="all"`, `weight_format="int8"`, ...).
+
+    Returns:
+        The `Manifest` written to `output_dir/shared_graph.json`.
+
+    Example:
+        >>> import optimum_shared_graph as osg
+        >>> manifest = osg.export("./tiny-llama", "./tiny-llama-ov")  # doctest: +SKIP
+        >>> manifest.partitioning, manifest.logits  # doctest: +SKIP
+        ('shared', 'last')
+    """
+    opts = ExportOptions.from_dict(options)
+    if hasattr(model_or_path, "save_pretrained"):
+        with tempfile.TemporaryDirectory(prefix="osg-model-") as tmp:
+            model_or_path.save_pretrained(tmp)
+            return run_export(tmp, output_dir, opts, raw_export=_api_raw_export(opts))
+    return run_export(str(model_or_path), output_dir, opts, raw_export=_api_raw_export(opts))
+
+
+def _api_raw_export(opts: ExportOptions) -> RawExport:
+    """optimum-intel's export (and quantization) for the Python API."""
+
+    def raw_export(model_path: str, output: Path) -> None:
+        from optimum.exporters.openvino.__main__ import _main_quantize, main_export
+        from optimum.intel.openvino.configuration import _DEFAULT_4BIT_WQ_CONFIG, OVConfig
+
+        quantization_config = opts.quantization_config
+        if quantization_config is None and opts.weight_format not in (None, "fp16", "fp32"):
+            if opts.weight_format == "int4":
+                quantization_config = dict(_DEFAULT_4BIT_WQ_CONFIG)
+            else:
+                quantization_config = {"bits": 8 if opts.weight_format == "int8" else 4, "dtype": opts.weight_format}
+        if quantization_config is not None:
+            ov_config = OVConfig(quantization_config=quantization_config)
+        elif opts.weight_format in ("fp16", "fp32"):
+            ov_config = OVConfig(dtype=opts.weight_format)
+        else:
+            ov_config = None
+        main_export(
+            model_name_or_path=model_path, output=output, task=BASE_TASK, ov_config=ov_config,
+            stateful=opts.stateful, convert_tokenizer=opts.convert_tokenizer,
+            trust_remote_code=opts.trust_remote_code, library_name="transformers",
+        )
+        if quantization_config is not None:
+            _main_quantize(
+                model_name_or_path=model_path, task=BASE_TASK, library_name="transformers",
+                quantization_config=ov_config.quantization_config, output=output, cache_dir=None,
+                trust_remote_code=opts.trust_remote_code,
+            )
+
+    return raw_export
+
+
+def run_export(
+    model: str,
+    output_dir: str | os.PathLike,
+    opts: ExportOptions,
+    *,
+    raw_export: RawExport,
+    quantization: dict[str, Any] | None = None,
+) -> Manifest:
+    """The pipeline shared by the CLI and the API: check, decompose, export, transform, validate, move.
+
+    Args:
+        model: a hub id or a local directory.
+        output_dir: the final artifact directory.
+        opts: the export options.
+        raw_export: runs optimum-intel's `text-generation-with-past` export of a model path into a
+            directory (the CLI passes optimum-intel's own command so all its flags apply).
+        quantization: what the manifest records of the quantization flags.
+    """
+    register()
+    output = Path(output_dir).absolute()
+    _check_output(output)
+    if opts.is_static:
+        from ._errors import InvalidOptionsError
+
+        raise InvalidOptionsError("--shape-mode static is not implemented yet in this version: use --shape-mode dynamic")
+    config = _load_config(model, opts)
+    pt_model = _load_model(model, config, opts)
+    capture, reason = _decompose(pt_model, model, opts)
+    if reason is not None and opts.fallback == "never":
+        raise DecompositionError(f"{reason} (--fallback never: nothing was written)")
+    if reason is not None:
+        warnings.warn(f"text-generation-shared falls back to optimum-intel's partitioning: {reason}", stacklevel=2)
+        logger.warning("falling back to optimum-intel's partitioning: %s", reason)
+
+    output.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{output.name}.", suffix=".partial", dir=output.parent))
+    try:
+        raw = staging / "raw"
+        final = staging / "final"
+        try:
+            raw_export(model, raw)
+        except SharedGraphError:
+            raise
+        except (Exception, SystemExit) as err:  # optimum-intel reports with ValueError, RuntimeError, ...
+            first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+            raise ModelNotSupportedError(
+                f"optimum-intel could not export {config.model_type} as {BASE_TASK}: {first}"
+            ) from err
+        manifest = _finish(raw, final, config, capture, reason, opts, model, quantization)
+        _move_into_place(final, output)
+        manifest.path = output / MANIFEST_NAME
+        return manifest
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def _check_output(output: Path) -> None:
+    if output.exists() and not output.is_dir():
+        raise SharedGraphError(f"output {output} exists and is not a directory: choose a directory path")
+    if output.is_dir() and any(output.iterdir()) and not (output / MANIFEST_NAME).is_file():
+        raise SharedGraphError(
+            f"output directory {output} is not empty and holds no {MANIFEST_NAME}: choose a new or empty directory"
+        )
+
+
+def _load_config(model: str, opts: ExportOptions):
+    from transformers import AutoConfig
+
+    # "org/name" is a hub id; anything that looks like a file system path must exist.
+    looks_local = model.startswith(("/", ".", "~")) or model.count("/") > 1 or "\\" in model
+    if (looks_local or os.path.exists(model)) and not os.path.isdir(model):
+        raise ModelNotSupportedError(f"model path {model} does not exist: pass a model directory or a hub model id")
+    try:
+        config = AutoConfig.from_pretrained(model, trust_remote_code=opts.trust_remote_code)
+    except ValueError as err:
+        text = str(err)
+        if "trust_remote_code" in text:
+            raise ModelNotSupportedError(
+                f"{model} needs custom code from its repository: pass --trust-remote-code if you trust it"
+            ) from err
+        raise ModelNotSupportedError(f"cannot read the configuration of {model}: {text.splitlines()[0]}") from err
+    except (OSError, KeyError) as err:
+        raise ModelNotSupportedError(
+            f"cannot load {model}: {str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__}; "
+            "pass a model directory with a config.json or a hub model id"
+        ) from err
+    model_type = getattr(config, "model_type", None)
+    supported = supported_model_types()
+    if model_type not in supported:
+        from optimum.exporters.tasks import TasksManager
+
+        tasks = TasksManager._SUPPORTED_MODEL_TYPE.get(model_type, {}).get("openvino")
+        if tasks:
+            raise ModelNotSupportedError(
+                f"{model} is a {model_type} model, not a causal language model: the OpenVINO exporter supports it for "
+                f"{', '.join(sorted(tasks))}, not for {TASK}"
+            )
+        raise ModelNotSupportedError(
+            f"model type {model_type!r} is not known to optimum-intel's OpenVINO exporter, so {TASK} cannot export it; "
+            "see `optimum_shared_graph.supported_model_types()`"
+        )
+    return config
+
+
+def _load_model(model: str, config, opts: ExportOptions):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    try:
+        pt_model = AutoModelForCausalLM.from_pretrained(
+            model, config=config, torch_dtype=torch.float32, trust_remote_code=opts.trust_remote_code
+        )
+    except ValueError as err:
+        raise ModelNotSupportedError(
+            f"{model} ({config.model_type}) is not a causal language model transformers can load: "
+            f"{str(err).splitlines()[0]}"
+        ) from err
+    return pt_model.eval()
+
+
+def _sample_inputs(model: str, pt_model, opts: ExportOptions):
+    import torch
+
+    text = opts.validation_prompt or DEFAULT_PROMPT
+    try:
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(model, trust_remote_code=opts.trust_remote_code)
+        ids = tokenizer(text, return_tensors="pt")["input_ids"][:, :48]
+    except Exception:  # no tokenizer shipped: a fixed pseudo-random prompt
+        generator = torch.Generator().manual_seed(0)
+        ids = torch.randint(3, pt_model.config.vocab_size, (1, 24), generator=generator)
+    return ids, torch.ones_like(ids)
+
+
+def _decompose(pt_model, model: str, opts: ExportOptions) -> tuple[Capture | None, str | None]:
+    """Capture prefill and decode calls; return (capture, None) or (None, fallback reason)."""
+    ids, mask = _sample_inputs(model, pt_model, opts)
+    try:
+        capture = capture_generation(pt_model, ids, mask, opts.validation_new_tokens)
+        check_one_graph_serves_both(capture)
+    except DecompositionError as err:
+        if "needs a separate prefill graph" in str(err):
+            raise
+        return None, str(err)
+    return capture, None
+
+
+def _finish(raw: Path, final: Path, config, capture, reason, opts, model, quantization) -> Manifest:
+    import openvino as ov
+
+    graphs = sorted(p.name for p in raw.glob("openvino_*model*.xml") if "tokenizer" not in p.name)
+    if reason is None and graphs != [GRAPH_XML]:
+        raise SharedGraphError(
+            f"optimum-intel wrote {len(graphs)} graphs ({', '.join(graphs)}) for {config.model_type}, not one "
+            "decoder graph: use --fallback auto for this model"
+        )
+    core = ov.Core()
+    ov_model = core.read_model(raw / GRAPH_XML)
+    weight_format = (quantization or {}).get("weight_format") or opts.weight_format
+    quant_mode = (quantization or {}).get("quant_mode")
+    if reason is None and opts.logits == "last":
+        from ._transforms import slice_logits_to_last_position
+
+        slice_logits_to_last_position(ov_model)
+    stateful = not any(p.get_any_name().startswith("past_key_values") for p in ov_model.inputs)
+    requires = ["generation"] + (["stateless"] if not stateful else []) + (["logits-all"] if opts.logits == "all" else [])
+    manifest = Manifest(
+        task=TASK,
+        partitioning="shared" if reason is None else "fallback",
+        fallback_reason=reason,
+        shape_mode=opts.shape_mode,
+        logits=opts.logits if reason is None else "all",
+        stateful=stateful,
+        requires=requires,
+        model={"source": str(model), "model_type": config.model_type,
+               "architecture": (getattr(config, "architectures", None) or [None])[0]},
+        graph={
+            "files": graphs,
+            "inputs": describe_ports(ov_model.inputs),
+            "outputs": describe_ports(ov_model.outputs),
+            "states": len(ov_model.get_sinks()),
+        },
+        quantization={
+            "weight_format": weight_format or "fp32",
+            "quant_mode": quant_mode,
+            "dataset": (quantization or {}).get("dataset"),
+            "calibration_samples": {"prefill": 0, "decode": 0},
+        },
+    )
+    if reason is not None or opts.skip_validation or capture is None:
+        manifest.validation = {"status": "skipped", "reason": "--skip-validation" if opts.skip_validation else reason}
+    else:
+        from ._validation import validate_graph
+
+        manifest.validation = validate_graph(ov_model, capture, weight_format if not quant_mode else "int8")
+    for key, value in manifest.rt_info().items():
+        ov_model.set_rt_info(value, [RT_INFO_KEY, key])
+    final.mkdir()
+    for item in raw.iterdir():
+        if item.name not in (GRAPH_XML, GRAPH_BIN):
+            shutil.move(str(item), final / item.name)
+    ov.save_model(ov_model, final / GRAPH_XML, compress_to_fp16=False)
+    del ov_model
+    names = [GRAPH_XML, GRAPH_BIN] + [g.replace(".xml", ".bin") for g in graphs if g != GRAPH_XML] + [
+        g for g in graphs if g != GRAPH_XML]
+    manifest.files = hash_graph_files(final, sorted(n for n in names if (final / n).is_file()))
+    manifest.write(final)
+    return manifest
+
+
+def _move_into_place(final: Path, output: Path) -> None:
+    """Put `final` at `output` by renames on the same filesystem; an old artifact there is replaced."""
+    if output.is_dir():
+        old = output.with_name(f".{output.name}.old-{os.getpid()}")
+        os.rename(output, old)
+        try:
+            os.rename(final, output)
+        except OSError:
+            os.rename(old, output)
+            raise
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.rename(final, output)

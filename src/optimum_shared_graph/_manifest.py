@@ -1,0 +1,184 @@
+"""The artifact's manifest, `shared_graph.json`: write, read, verify."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from ._errors import ManifestError
+
+MANIFEST_NAME = "shared_graph.json"
+SCHEMA_VERSION = 1
+GRAPH_XML = "openvino_model.xml"
+GRAPH_BIN = "openvino_model.bin"
+RT_INFO_KEY = "shared_graph"
+
+_VERSIONED = ("optimum-shared-graph", "optimum-intel", "optimum", "transformers", "torch", "openvino", "nncf")
+
+
+def package_versions() -> dict[str, str | None]:
+    out = {}
+    for name in _VERSIONED:
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            out[name] = None
+    return out
+
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def describe_ports(ports) -> list[dict[str, str]]:
+    """Name, element type and (partial) shape of graph inputs or outputs."""
+    return [
+        {"name": p.get_any_name(), "type": p.get_element_type().get_type_name(), "shape": str(p.get_partial_shape())}
+        for p in ports
+    ]
+
+
+@dataclass
+class Manifest:
+    """What `shared_graph.json` says about an artifact. See `docs/artifact.md` for every field."""
+
+    task: str
+    partitioning: str
+    shape_mode: str
+    logits: str
+    stateful: bool
+    requires: list[str]
+    model: dict[str, Any] = field(default_factory=dict)
+    fallback_reason: str | None = None
+    static: dict[str, int] | None = None
+    graph: dict[str, Any] = field(default_factory=dict)
+    quantization: dict[str, Any] = field(default_factory=dict)
+    validation: dict[str, Any] = field(default_factory=dict)
+    versions: dict[str, Any] = field(default_factory=package_versions)
+    files: dict[str, str] = field(default_factory=dict)
+    schema_version: int = SCHEMA_VERSION
+    path: Path | None = field(default=None, compare=False, repr=False)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "schema_version": self.schema_version,
+            "task": self.task,
+            "model": self.model,
+            "partitioning": self.partitioning,
+            "fallback_reason": self.fallback_reason,
+            "shape_mode": self.shape_mode,
+            "static": self.static,
+            "logits": self.logits,
+            "stateful": self.stateful,
+            "graph": self.graph,
+            "quantization": self.quantization,
+            "validation": self.validation,
+            "versions": self.versions,
+            "files": self.files,
+            "requires": self.requires,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], path: Path | None = None) -> "Manifest":
+        where = f" in {path}" if path else ""
+        version = data.get("schema_version")
+        if not isinstance(version, int):
+            raise ManifestError(f"manifest{where} has no integer schema_version: re-export the model")
+        if version > SCHEMA_VERSION:
+            raise ManifestError(
+                f"manifest{where} has schema_version {version}, newer than the {SCHEMA_VERSION} this "
+                "optimum-shared-graph reads: upgrade optimum-shared-graph"
+            )
+        required = ("task", "partitioning", "shape_mode", "logits", "stateful", "requires", "files")
+        missing = [k for k in required if k not in data]
+        if missing:
+            raise ManifestError(f"manifest{where} lacks {', '.join(missing)}: re-export the model")
+        known = {k: data[k] for k in cls.__dataclass_fields__ if k in data and k != "path"}
+        return cls(**known, path=path)
+
+    def write(self, directory: Path) -> Path:
+        target = Path(directory) / MANIFEST_NAME
+        target.write_text(json.dumps(self.to_dict(), indent=2, sort_keys=False) + "\n")
+        return target
+
+    def rt_info(self) -> dict[str, str]:
+        """The facts stored under `shared_graph` in the IR's rt_info (all but the file hashes)."""
+        data = self.to_dict()
+        data.pop("files")
+        return {k: v if isinstance(v, str) else json.dumps(v) for k, v in data.items()}
+
+    def summary(self) -> str:
+        v = self.validation or {}
+        check = v.get("status", "skipped")
+        if v.get("status") in {"passed", "recorded"}:
+            check += (
+                f" (greedy {v['greedy_tokens']} tokens {'identical' if v['greedy_match'] else 'differ'}, "
+                f"max |dlogits| prefill {v['max_abs_diff_prefill']:.2e}, decode {v['max_abs_diff_decode']:.2e})"
+            )
+        where = self.path.parent if self.path else "?"
+        head = f"text-generation-shared: wrote {where} ({self.partitioning}"
+        if self.fallback_reason:
+            head += f": {self.fallback_reason}"
+        return f"{head}; {self.shape_mode}, logits={self.logits}, stateful={self.stateful}); validation: {check}"
+
+
+def hash_graph_files(directory: Path, names: list[str]) -> dict[str, str]:
+    return {name: sha256_file(Path(directory) / name) for name in names}
+
+
+def read_manifest(directory: str | Path, *, verify: bool = True) -> Manifest:
+    """Read `shared_graph.json` from an artifact directory and check it.
+
+    Args:
+        directory: the artifact directory.
+        verify: also check that every listed file stays inside the directory and matches its sha256.
+
+    Raises:
+        ManifestError: missing, unreadable, newer schema, a file outside the directory, a missing
+            file, or a sha256 mismatch.
+    """
+    directory = Path(directory)
+    path = directory / MANIFEST_NAME
+    if not directory.is_dir():
+        raise ManifestError(f"artifact directory {directory} does not exist: pass the OUT directory of an export")
+    if not path.is_file():
+        raise ManifestError(
+            f"no {MANIFEST_NAME} in {directory}: it is not a text-generation-shared artifact; export it with "
+            "--task text-generation-shared"
+        )
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ManifestError(f"{path} is not valid JSON ({err}): re-export the model") from err
+    if not isinstance(data, dict):
+        raise ManifestError(f"{path} is not a JSON object: re-export the model")
+    manifest = Manifest.from_dict(data, path=path)
+    if verify:
+        verify_files(directory, manifest)
+    return manifest
+
+
+def verify_files(directory: Path, manifest: Manifest) -> None:
+    root = directory.resolve()
+    if not isinstance(manifest.files, dict) or not manifest.files:
+        raise ManifestError(f"{manifest.path} lists no graph files: re-export the model")
+    for name, digest in manifest.files.items():
+        target = (root / name).resolve()
+        if target.parent != root and root not in target.parents:
+            raise ManifestError(
+                f"{manifest.path} names {name!r}, outside the artifact directory: refusing to load it; re-export the model"
+            )
+        if not target.is_file():
+            raise ManifestError(f"{name} listed in {manifest.path} is missing: re-export the model")
+        if sha256_file(target) != digest:
+            raise ManifestError(
+                f"{name} does not match the sha256 in {manifest.path}: the file changed after export; re-export the model"
+            )

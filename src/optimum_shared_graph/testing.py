@@ -1,0 +1,98 @@
+"""Tiny, decisive random-init models and a locally trained tokenizer, for tests, examples and benchmarks.
+
+Nothing is downloaded: configurations come from `AutoConfig.for_model`, weights are random, and the
+tokenizer is trained with `tokenizers` on a small built-in corpus.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+CORPUS = [
+    "OpenVINO runs one decoder graph for the prompt and for every new token.",
+    "The weights are stored once and compiled once, for prefill and for decode.",
+    "A deployment engineer ships a causal language model to a CPU, a GPU or an NPU.",
+    "The quick brown fox jumps over the lazy dog while the cache grows by one token.",
+    "Static graphs fix every shape: the batch, the query length and the cache capacity.",
+    "Quantization is calibrated on what the graph really sees in both stages.",
+    "Time to first token and time per output token are measured side by side.",
+    "def add(a, b):\n    return a + b\n",
+    "Numbers like 1, 22, 333 and 4444 appear in text; so do dates like 2026-11-29.",
+    "Bonjour, ceci est un petit texte. Hallo, dies ist ein kleiner Text.",
+]
+
+TINY_VOCAB = 512
+
+# Sizes shared by every tiny model. initializer_range=0.1 makes random logits decisive, so greedy
+# picks do not flip on rounding (see the project's known traps).
+_TINY = dict(
+    hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, intermediate_size=128,
+    vocab_size=TINY_VOCAB, max_position_embeddings=512, initializer_range=0.1, tie_word_embeddings=False,
+    bos_token_id=1, eos_token_id=2, pad_token_id=0,
+)
+
+# Per-architecture names for the same sizes, where a config does not map them itself.
+_OVERRIDES: dict[str, dict[str, Any]] = {
+    "gpt2": dict(n_embd=64, n_layer=2, n_head=4, n_inner=128, n_positions=512),
+    "gpt_bigcode": dict(n_embd=64, n_layer=2, n_head=4, n_inner=128, n_positions=512, multi_query=True),
+    "bloom": dict(n_layer=2, n_head=4),
+    "opt": dict(ffn_dim=128, word_embed_proj_dim=64, num_attention_heads=4),
+    "falcon": dict(new_decoder_architecture=False, multi_query=True, alibi=False, num_kv_heads=1),
+    "gpt_neox": dict(rotary_pct=0.5),
+    "phi": dict(partial_rotary_factor=0.5),
+    "codegen": dict(n_embd=64, n_layer=2, n_head=4, n_positions=512, rotary_dim=8),
+    "gptj": dict(n_embd=64, n_layer=2, n_head=4, n_positions=512, rotary_dim=8),
+}
+
+
+def build_tokenizer(out_dir: str | Path) -> Any:
+    """Train a small byte-level BPE tokenizer locally and save it as a `PreTrainedTokenizerFast`."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=TINY_VOCAB, special_tokens=["<pad>", "<s>", "</s>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False,
+    )
+    tok.train_from_iterator(CORPUS * 4, trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>")
+    fast.padding_side = "left"
+    fast.save_pretrained(str(out_dir))
+    return fast
+
+
+def tiny_config(model_type: str, **overrides: Any):
+    """A tiny `AutoConfig.for_model(model_type)` with decisive random init."""
+    from transformers import AutoConfig
+
+    kwargs = dict(_TINY)
+    kwargs.update(_OVERRIDES.get(model_type, {}))
+    kwargs.update(overrides)
+    return AutoConfig.for_model(model_type, **kwargs)
+
+
+def build_tiny_model(model_type: str, out_dir: str | Path, *, seed: int = 0, tokenizer: bool = True, **overrides: Any):
+    """Build, save and return a tiny random-init causal LM of `model_type` (and a tokenizer beside it).
+
+    Args:
+        model_type: a transformers model type (`"llama"`, `"gpt2"`, ...).
+        out_dir: where to save it.
+        seed: torch seed for the random weights.
+        tokenizer: also save the locally trained tokenizer.
+        **overrides: config attributes to change.
+    """
+    import torch
+    from transformers import AutoModelForCausalLM, GenerationConfig
+
+    config = tiny_config(model_type, **overrides)
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config, torch_dtype=torch.float32).eval()
+    model.generation_config = GenerationConfig(bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    model.save_pretrained(str(out_dir))
+    if tokenizer:
+        build_tokenizer(out_dir)
+    return model

@@ -8,6 +8,7 @@ We run `generate()` on a short sample while recording every call to the model's 
 from __future__ import annotations
 
 import copy
+import functools
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -94,6 +95,8 @@ def capture_generation(model, input_ids, attention_mask, max_new_tokens: int) ->
     calls: list[StepCall] = []
     original_forward = model.forward
 
+    # functools.wraps keeps forward's signature visible: generate() inspects it (logits_to_keep, ...).
+    @functools.wraps(original_forward)
     def recording_forward(*args, **kwargs):
         out = original_forward(*args, **kwargs)
         ids = kwargs.get("input_ids", args[0] if args else None)

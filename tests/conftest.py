@@ -1,0 +1,76 @@
+"""Shared fixtures: tiny decisive random-init models built locally, and the CLI run as a user runs it."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+EXACT = {"KV_CACHE_PRECISION": "f32", "INFERENCE_PRECISION_HINT": "f32"}
+
+# Architectures from different families, each exported through optimum-cli in the tests.
+ARCHITECTURES = ["llama", "mistral", "qwen2", "qwen3", "phi3", "gpt2", "gpt_neox", "falcon", "opt", "bloom", "starcoder2"]
+
+PROMPTS = [
+    "hello",
+    "The quick brown fox jumps over the lazy dog",
+    "Static graphs fix every shape: the batch, the query length and the cache capacity. " * 2,
+]
+
+
+@pytest.fixture(scope="session")
+def models_dir(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("models")
+
+
+@pytest.fixture(scope="session")
+def tiny_model(models_dir):
+    """`tiny_model("llama")` -> path of a saved tiny model with a local tokenizer (built once per session)."""
+    from optimum_shared_graph.testing import build_tiny_model
+
+    built: dict[str, Path] = {}
+
+    def get(model_type: str, **overrides) -> Path:
+        key = model_type + "".join(f"-{k}={v}" for k, v in sorted(overrides.items()))
+        if key not in built:
+            path = models_dir / key
+            build_tiny_model(model_type, path, **overrides)
+            built[key] = path
+        return built[key]
+
+    return get
+
+
+def run_cli(*args: str, check: bool = False, timeout: int = 600) -> subprocess.CompletedProcess:
+    """Run `optimum-cli` in a subprocess, as a user does."""
+    env = dict(os.environ)
+    env.pop("OPTIMUM_SHARED_GRAPH_DEBUG", None)
+    proc = subprocess.run(
+        [_optimum_cli(), *args],
+        capture_output=True, text=True, timeout=timeout, env=env,
+    )
+    if check and proc.returncode != 0:
+        raise AssertionError(f"optimum-cli {' '.join(args)} failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
+    return proc
+
+
+def _optimum_cli() -> str:
+    beside = Path(sys.executable).parent / "optimum-cli"
+    return str(beside) if beside.exists() else "optimum-cli"
+
+
+def error_line(proc: subprocess.CompletedProcess) -> str:
+    """The one `error: ...` line a failed command printed (and assert there is exactly one, no traceback)."""
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
+    assert len(lines) == 1, proc.stderr[-3000:]
+    assert "Traceback (most recent call last)" not in proc.stderr, proc.stderr[-3000:]
+    return lines[0]
+
+
+def tree_snapshot(path: Path) -> dict[str, bytes] | None:
+    if not path.exists():
+        return None
+    return {str(p.relative_to(path)): p.read_bytes() for p in sorted(path.rglob("*")) if p.is_file()}

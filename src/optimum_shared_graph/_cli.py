@@ -67,12 +67,12 @@ def run(command, original_run) -> None:
 
     from ._export import run_export
 
-    def raw_export(model_path: str, output: Path) -> None:
+    def raw_export(model_path: str, output: Path, task: str = BASE_TASK) -> None:
         # optimum-intel's own command does the export and quantization, so every one of its flags
         # keeps its meaning; it sees the with-past task so the graph is stateful and the
-        # quantization reload uses the cache.
+        # quantization reload uses the cache (or image-text-to-text, for a VLM's fallback).
         saved = (args.model, args.output, args.task)
-        args.model, args.output, args.task = model_path, output, BASE_TASK
+        args.model, args.output, args.task = model_path, output, task
         try:
             original_run(command)
         finally:

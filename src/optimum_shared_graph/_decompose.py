@@ -3,14 +3,22 @@
 We run `generate()` on a short sample while recording every call to the model's top-level
 `forward()`. The first call is the prefill, the next ones are decode steps. The recorded calls
 (and the logits they returned) are what the export is validated against.
+
+When `generate()` records fewer calls than it generates tokens, it bypasses the top-level
+`forward()`: the model is a wrapper that delegates to an inner causal LM. `decompose()` then runs
+the wrapper's `generate()` again while recording each inner candidate (`language_model`, `model`,
+..., or any sub-model that can generate); the inner model whose `forward()` is called once per
+token is the one `generate()` really drives, and its decoder is what gets exported.
 """
 
 from __future__ import annotations
 
 import copy
 import functools
+import shutil
 from dataclasses import dataclass, field
-from typing import Any
+from pathlib import Path
+from typing import Any, Callable
 
 import numpy as np
 
@@ -23,6 +31,10 @@ _STEP_INPUTS = {
     "logits_to_keep", "num_logits_to_keep", "return_dict", "output_attentions", "output_hidden_states",
     "inputs_embeds", "token_type_ids", "cache_params", "return_legacy_cache",
 }
+
+# Attribute names under which wrappers keep the causal LM that `generate()` drives, most specific
+# first. Any other sub-model that can generate is tried after these.
+INNER_MODEL_NAMES = ("language_model", "model", "text_model", "decoder", "lm", "llm", "base_model")
 
 DEFAULT_PROMPT = (
     "OpenVINO runs one decoder graph for the prompt and for every new token, so the weights are "
@@ -51,6 +63,10 @@ class Capture:
     calls: list[StepCall]
     tokens: np.ndarray  # [batch, new_tokens]
     notes: list[str] = field(default_factory=list)
+    # Set when the calls were recorded on an inner model: its attribute path in the wrapper
+    # ("language_model") and the inner model itself, which is what gets exported.
+    module: str | None = None
+    exported: Any = field(default=None, repr=False, compare=False)
 
     @property
     def prefill(self) -> StepCall:
@@ -74,7 +90,9 @@ def _past_length(value: Any) -> int:
     return -1
 
 
-def capture_generation(model, input_ids, attention_mask, max_new_tokens: int) -> Capture:
+def capture_generation(
+    model, input_ids, attention_mask, max_new_tokens: int, *, target=None, module: str | None = None
+) -> Capture:
     """Run greedy `generate()` and record the top-level `forward()` calls.
 
     Args:
@@ -82,6 +100,9 @@ def capture_generation(model, input_ids, attention_mask, max_new_tokens: int) ->
         input_ids: `[batch, seq]` prompt ids (torch tensor).
         attention_mask: `[batch, seq]` mask (torch tensor).
         max_new_tokens: how many tokens to generate (also the number of calls expected).
+        target: the model whose `forward()` is recorded while `model.generate()` runs (default:
+            `model` itself); an inner model of a wrapper.
+        module: the attribute path of `target` in `model`, for messages and the manifest.
 
     Returns:
         The `Capture`.
@@ -93,11 +114,14 @@ def capture_generation(model, input_ids, attention_mask, max_new_tokens: int) ->
     import torch
 
     calls: list[StepCall] = []
-    original_forward = model.forward
+    target = model if target is None else target
+    original_forward = target.forward
 
     # functools.wraps keeps forward's signature visible: generate() inspects it (logits_to_keep, ...).
     @functools.wraps(original_forward)
     def recording_forward(*args, **kwargs):
+        # the cache is updated in place by the call: measure what it held before
+        past_length = _past_length(kwargs.get("past_key_values", kwargs.get("cache_params")))
         out = original_forward(*args, **kwargs)
         ids = kwargs.get("input_ids", args[0] if args else None)
         mask = kwargs.get("attention_mask")
@@ -107,14 +131,18 @@ def capture_generation(model, input_ids, attention_mask, max_new_tokens: int) ->
             StepCall(
                 input_ids=None if ids is None else ids.detach().cpu().numpy().copy(),
                 attention_mask=None if mask is None else mask.detach().cpu().numpy().copy(),
-                past_length=_past_length(kwargs.get("past_key_values", kwargs.get("cache_params"))),
+                past_length=past_length,
                 extra_inputs=extra,
                 last_logits=logits[:, -1, :].detach().float().cpu().numpy().copy(),
             )
         )
         return out
 
-    config = copy.deepcopy(model.generation_config)
+    from transformers import GenerationConfig
+
+    # A wrapper that is not itself generative has no generation_config: the inner model's applies.
+    base = getattr(model, "generation_config", None) or getattr(target, "generation_config", None)
+    config = copy.deepcopy(base) if base is not None else GenerationConfig()
     config.max_new_tokens = max_new_tokens
     config.min_new_tokens = max_new_tokens
     config.do_sample = False
@@ -126,7 +154,8 @@ def capture_generation(model, input_ids, attention_mask, max_new_tokens: int) ->
         eos = config.eos_token_id
         config.pad_token_id = (eos[0] if isinstance(eos, list) else eos) if eos is not None else 0
     architecture = type(model).__name__
-    model.forward = recording_forward
+    recorded = architecture if module is None else f"{architecture}.{module} ({type(target).__name__})"
+    target.forward = recording_forward
     try:
         with torch.no_grad():
             out = model.generate(input_ids=input_ids, attention_mask=attention_mask, generation_config=config)
@@ -137,22 +166,129 @@ def capture_generation(model, input_ids, attention_mask, max_new_tokens: int) ->
             architecture=architecture, expected=max_new_tokens, captured=len(calls),
         ) from err
     finally:
-        del model.forward  # back to the class's forward
+        del target.forward  # back to the class's forward
     if len(calls) < max_new_tokens:
         raise DecompositionError(
-            f"decomposition of {architecture} expected at least {max_new_tokens} calls to {architecture}.forward() "
-            f"during generate(max_new_tokens={max_new_tokens}) but captured {len(calls)}: generate() bypasses the "
-            "top-level forward() (it delegates to an inner model); export the inner language model, or use --fallback auto",
+            f"decomposition of {architecture} expected at least {max_new_tokens} calls to {recorded}.forward() "
+            f"during generate(max_new_tokens={max_new_tokens}) but captured {len(calls)}: generate() bypasses "
+            "that forward()",
             architecture=architecture, expected=max_new_tokens, captured=len(calls),
         )
-    tokens = out[:, input_ids.shape[1]:].cpu().numpy()
+    sequences = out if hasattr(out, "shape") else out.sequences
+    tokens = sequences[:, input_ids.shape[1]:].cpu().numpy()
     return Capture(
-        architecture=architecture,
+        architecture=architecture if module is None else recorded,
         prompt_ids=input_ids.cpu().numpy(),
         prompt_mask=attention_mask.cpu().numpy(),
         calls=calls[:max_new_tokens],
         tokens=tokens,
+        module=module,
+        exported=None if module is None else target,
     )
+
+
+def inner_models(model) -> list[tuple[str, Any]]:
+    """The sub-models a wrapper's `generate()` may delegate to: `(attribute path, module)`, best first.
+
+    The names in `INNER_MODEL_NAMES` come first (one level, then two: `model.language_model`), then
+    any other transformers sub-model whose class can generate. Each module appears once.
+    """
+    from transformers import PreTrainedModel
+
+    found: list[tuple[str, Any]] = []
+    seen = {id(model)}
+
+    def add(path: str, module: Any) -> None:
+        if isinstance(module, PreTrainedModel) and id(module) not in seen:
+            seen.add(id(module))
+            found.append((path, module))
+
+    for name in INNER_MODEL_NAMES:
+        add(name, getattr(model, name, None))
+    for name in INNER_MODEL_NAMES:
+        outer = getattr(model, name, None)
+        for inner in INNER_MODEL_NAMES:
+            add(f"{name}.{inner}", getattr(outer, inner, None) if outer is not None else None)
+    for path, module in model.named_modules():
+        if path and path.count(".") < 2 and isinstance(module, PreTrainedModel) and type(module).can_generate():
+            add(path, module)
+    return found
+
+
+def decompose(
+    model, input_ids, attention_mask, max_new_tokens: int, *, exportable: Callable[[Any], str | None]
+) -> Capture:
+    """Capture `generate()` on the model, or on the inner causal LM it really drives.
+
+    Args:
+        model: the loaded transformers model, in eval mode.
+        input_ids: `[batch, seq]` prompt ids (torch tensor).
+        attention_mask: `[batch, seq]` mask (torch tensor).
+        max_new_tokens: tokens to generate; one `forward()` call each is expected.
+        exportable: returns why an inner model cannot be exported on its own, or None if it can.
+
+    Returns:
+        The `Capture`; its `module` names the inner model when the retry was needed.
+
+    Raises:
+        DecompositionError: neither the model nor any inner model is called once per token. The
+            message names the architecture, the calls expected and captured, the inner models
+            tried, and what to do.
+    """
+    try:
+        return capture_generation(model, input_ids, attention_mask, max_new_tokens)
+    except DecompositionError as err:
+        if err.captured >= err.expected or "generate() failed" in str(err):
+            raise
+        top = err
+    tried = []
+    for path, inner in inner_models(model):
+        if not type(inner).can_generate():
+            tried.append(f"{path} ({type(inner).__name__}) is not a causal LM")
+            continue
+        why = exportable(inner)
+        if why is not None:
+            tried.append(f"{path} ({type(inner).__name__}) {why}")
+            continue
+        try:
+            return capture_generation(model, input_ids, attention_mask, max_new_tokens, target=inner, module=path)
+        except DecompositionError as inner_err:
+            if "generate() failed" in str(inner_err):
+                raise
+            tried.append(f"{path} ({type(inner).__name__}) got {inner_err.captured} calls")
+    retry = f"no inner model could be used instead ({'; '.join(tried)})" if tried else "it has no inner causal LM to retry on"
+    raise DecompositionError(
+        f"{top}, and {retry}: make generate() call forward() once per token, export the inner causal LM on its "
+        "own, or use --fallback auto for optimum-intel's own partitioning",
+        architecture=top.architecture, expected=top.expected, captured=top.captured,
+    )
+
+
+def save_exported_model(capture: Capture, source: str, directory: Path, *, trust_remote_code: bool = False) -> Path:
+    """Save the inner causal LM a capture was recorded on, with the source's tokenizer, for export.
+
+    Args:
+        capture: a capture with `module` set.
+        source: the wrapper's model id or directory (where the tokenizer comes from).
+        directory: where to save.
+        trust_remote_code: allow the tokenizer's custom code.
+
+    Returns:
+        `directory`.
+    """
+    directory = Path(directory)
+    capture.exported.save_pretrained(str(directory))
+    try:
+        from transformers import AutoTokenizer
+
+        AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code).save_pretrained(str(directory))
+    except Exception:  # no tokenizer with the wrapper: the artifact simply has none
+        pass
+    source_dir = Path(source)
+    if source_dir.is_dir() and not (directory / "generation_config.json").exists():
+        if (source_dir / "generation_config.json").is_file():
+            shutil.copy(source_dir / "generation_config.json", directory / "generation_config.json")
+    return directory
 
 
 def check_one_graph_serves_both(capture: Capture) -> None:

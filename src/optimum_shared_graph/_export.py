@@ -10,7 +10,8 @@ import warnings
 from pathlib import Path
 from typing import Any, Callable
 
-from ._decompose import DEFAULT_PROMPT, Capture, capture_generation, check_one_graph_serves_both
+from ._decompose import DEFAULT_PROMPT, Capture, check_one_graph_serves_both, decompose, save_exported_model
+from . import _fallback
 from ._errors import DecompositionError, ModelNotSupportedError, SharedGraphError
 from ._manifest import (
     GRAPH_BIN, GRAPH_XML, MANIFEST_NAME, RT_INFO_KEY, Manifest, describe_ports, hash_graph_files,
@@ -52,7 +53,7 @@ def export(model_or_path: Any, output_dir: str | os.PathLike, **options: Any) ->
 def _api_raw_export(opts: ExportOptions) -> RawExport:
     """optimum-intel's export (and quantization) for the Python API."""
 
-    def raw_export(model_path: str, output: Path) -> None:
+    def raw_export(model_path: str, output: Path, task: str = BASE_TASK) -> None:
         from optimum.exporters.openvino.__main__ import _main_quantize, main_export
         from optimum.intel.openvino.configuration import _DEFAULT_4BIT_WQ_CONFIG, OVConfig
 
@@ -69,13 +70,13 @@ def _api_raw_export(opts: ExportOptions) -> RawExport:
         else:
             ov_config = None
         main_export(
-            model_name_or_path=model_path, output=output, task=BASE_TASK, ov_config=ov_config,
+            model_name_or_path=model_path, output=output, task=task, ov_config=ov_config,
             stateful=opts.stateful, convert_tokenizer=opts.convert_tokenizer,
             trust_remote_code=opts.trust_remote_code, library_name="transformers",
         )
         if quantization_config is not None:
             _main_quantize(
-                model_name_or_path=model_path, task=BASE_TASK, library_name="transformers",
+                model_name_or_path=model_path, task=task, library_name="transformers",
                 quantization_config=ov_config.quantization_config, output=output, cache_dir=None,
                 trust_remote_code=opts.trust_remote_code,
             )
@@ -110,26 +111,33 @@ def run_export(
         raise InvalidOptionsError("--shape-mode static is not implemented yet in this version: use --shape-mode dynamic")
     config = _load_config(model, opts)
     pt_model = _load_model(model, config, opts)
-    capture, reason = _decompose(pt_model, model, opts)
+    capture, reason = _decompose(pt_model, model, opts, config)
     if reason is not None and opts.fallback == "never":
         raise DecompositionError(f"{reason} (--fallback never: nothing was written)")
+    export_task = BASE_TASK if reason is None else _fallback.fallback_task(config)
     if reason is not None:
-        warnings.warn(f"text-generation-shared falls back to optimum-intel's partitioning: {reason}", stacklevel=2)
-        logger.warning("falling back to optimum-intel's partitioning: %s", reason)
+        _fallback.warn(reason, export_task)
 
     output.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{output.name}.", suffix=".partial", dir=output.parent))
     try:
         raw = staging / "raw"
         final = staging / "final"
+        source = model
+        if capture is not None and capture.module is not None:  # the inner causal LM generate() drives
+            source = str(save_exported_model(capture, model, staging / "inner", trust_remote_code=opts.trust_remote_code))
         try:
-            raw_export(model, raw)
+            if export_task == BASE_TASK:
+                raw_export(source, raw)
+            else:  # optimum-intel's own partitioning for a vision-language model
+                raw_export(source, raw, task=export_task)
         except SharedGraphError:
             raise
         except (Exception, SystemExit) as err:  # optimum-intel reports with ValueError, RuntimeError, ...
             first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+            exported_type = capture.exported.config.model_type if source != model else config.model_type
             raise ModelNotSupportedError(
-                f"optimum-intel could not export {config.model_type} as {BASE_TASK}: {first}"
+                f"optimum-intel could not export {exported_type} as {export_task}: {first}"
             ) from err
         manifest = _finish(raw, final, config, capture, reason, opts, model, quantization)
         _move_into_place(final, output)
@@ -172,6 +180,8 @@ def _load_config(model: str, opts: ExportOptions):
     model_type = getattr(config, "model_type", None)
     supported = supported_model_types()
     if model_type not in supported:
+        if _fallback.is_vision_language(config) or (opts.trust_remote_code and getattr(config, "auto_map", None)):
+            return config  # decomposition decides: a VLM falls back, a remote-code wrapper may delegate
         from optimum.exporters.tasks import TasksManager
 
         tasks = TasksManager._SUPPORTED_MODEL_TYPE.get(model_type, {}).get("openvino")
@@ -191,6 +201,8 @@ def _load_model(model: str, config, opts: ExportOptions):
     import torch
     from transformers import AutoModelForCausalLM
 
+    if _fallback.is_vision_language(config):
+        return None  # no causal LM to load: _decompose() gives the reason and the fallback takes over
     try:
         pt_model = AutoModelForCausalLM.from_pretrained(
             model, config=config, torch_dtype=torch.float32, trust_remote_code=opts.trust_remote_code
@@ -218,11 +230,26 @@ def _sample_inputs(model: str, pt_model, opts: ExportOptions):
     return ids, torch.ones_like(ids)
 
 
-def _decompose(pt_model, model: str, opts: ExportOptions) -> tuple[Capture | None, str | None]:
-    """Capture prefill and decode calls; return (capture, None) or (None, fallback reason)."""
+def _decompose(pt_model, model: str, opts: ExportOptions, config=None) -> tuple[Capture | None, str | None]:
+    """Capture prefill and decode calls; return (capture, None) or (None, fallback reason).
+
+    The calls are recorded on the top-level `forward()`, or on the inner causal LM that a wrapper's
+    `generate()` really drives (then `capture.module` names it and that model is exported). A
+    vision-language model (`pt_model` None) is not captured: its prefill takes image inputs that
+    decode steps never take, which is the reason returned.
+    """
+    if pt_model is None:
+        return None, _fallback.vision_language_reason(config)
     ids, mask = _sample_inputs(model, pt_model, opts)
+
+    def exportable(inner) -> str | None:
+        model_type = getattr(inner.config, "model_type", None)
+        if model_type in supported_model_types():
+            return None
+        return f"is a {model_type} model, which optimum-intel does not export as {BASE_TASK}"
+
     try:
-        capture = capture_generation(pt_model, ids, mask, opts.validation_new_tokens)
+        capture = decompose(pt_model, ids, mask, opts.validation_new_tokens, exportable=exportable)
         check_one_graph_serves_both(capture)
     except DecompositionError as err:
         if "needs a separate prefill graph" in str(err):
@@ -231,9 +258,20 @@ def _decompose(pt_model, model: str, opts: ExportOptions) -> tuple[Capture | Non
     return capture, None
 
 
+def _exported_module(capture) -> dict:
+    """What the manifest records when the shared graph is a wrapper's inner causal LM."""
+    if capture is None or capture.module is None:
+        return {}
+    inner = capture.exported
+    return {"exported_module": capture.module, "exported_model_type": inner.config.model_type,
+            "exported_architecture": type(inner).__name__}
+
+
 def _finish(raw: Path, final: Path, config, capture, reason, opts, model, quantization) -> Manifest:
     import openvino as ov
 
+    if reason is not None:
+        return _fallback.finish_fallback(raw, final, config, reason, opts, model, quantization)
     graphs = sorted(p.name for p in raw.glob("openvino_*model*.xml") if "tokenizer" not in p.name)
     if reason is None and graphs != [GRAPH_XML]:
         raise SharedGraphError(
@@ -259,7 +297,7 @@ def _finish(raw: Path, final: Path, config, capture, reason, opts, model, quanti
         stateful=stateful,
         requires=requires,
         model={"source": str(model), "model_type": config.model_type,
-               "architecture": (getattr(config, "architectures", None) or [None])[0]},
+               "architecture": (getattr(config, "architectures", None) or [None])[0], **_exported_module(capture)},
         graph={
             "files": graphs,
             "inputs": describe_ports(ov_model.inputs),

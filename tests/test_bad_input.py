@@ -1,0 +1,187 @@
+"""Bad input (SPEC section 10): one clear line, a non-zero exit, and the output directory unchanged."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+
+import pytest
+
+from conftest import error_line, run_cli, tree_snapshot
+
+TASK = ["--task", "text-generation-shared"]
+
+# A causal LM whose decode step (one new token) does something its traced prefill does not: tracing
+# bakes in one branch, so the exported graph cannot reproduce PyTorch and validation must fail.
+_FLIP_MODELING = textwrap.dedent(
+    '''
+    from transformers import LlamaForCausalLM
+
+    class FlipLlamaForCausalLM(LlamaForCausalLM):
+        def forward(self, input_ids=None, attention_mask=None, position_ids=None, past_key_values=None, **kwargs):
+            out = super().forward(
+                input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                past_key_values=past_key_values, **kwargs,
+            )
+            if input_ids is not None and input_ids.shape[1] == 1:
+                out.logits = out.logits.flip(-1)
+            return out
+    '''
+)
+
+
+def _export(model, out, *extra):
+    return run_cli("export", "openvino", "-m", str(model), *TASK, str(out), *extra)
+
+
+@pytest.fixture(params=["missing", "existing"])
+def out_dir(request, tmp_path):
+    """The output directory: absent, or holding a previous artifact that must survive untouched."""
+    out = tmp_path / "out"
+    if request.param == "existing":
+        out.mkdir()
+        (out / "shared_graph.json").write_text('{"schema_version": 1}')
+        (out / "openvino_model.xml").write_text("<old/>")
+    return out
+
+
+def _assert_unchanged(out, before):
+    assert tree_snapshot(out) == before
+    assert not [p for p in out.parent.iterdir() if p.name.endswith(".partial")]
+
+
+def test_missing_model_path(tmp_path, out_dir):
+    before = tree_snapshot(out_dir)
+    proc = _export(tmp_path / "no-such-model", out_dir)
+    assert proc.returncode != 0
+    assert "does not exist" in error_line(proc)
+    _assert_unchanged(out_dir, before)
+
+
+def test_not_a_causal_lm(tmp_path, out_dir):
+    from transformers import BertConfig, BertModel
+
+    model = tmp_path / "bert"
+    BertModel(BertConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64,
+                         vocab_size=128)).save_pretrained(model)
+    before = tree_snapshot(out_dir)
+    proc = _export(model, out_dir)
+    assert proc.returncode != 0
+    line = error_line(proc)
+    assert "not a causal language model" in line and "bert" in line
+    _assert_unchanged(out_dir, before)
+
+
+def test_model_type_unknown_to_the_exporter(tmp_path, out_dir):
+    from optimum_shared_graph.testing import tiny_config
+
+    model = tmp_path / "helium"
+    tiny_config("helium").save_pretrained(model)
+    before = tree_snapshot(out_dir)
+    proc = _export(model, out_dir)
+    assert proc.returncode != 0
+    line = error_line(proc)
+    assert "'helium' is not known to optimum-intel's OpenVINO exporter" in line
+    _assert_unchanged(out_dir, before)
+
+
+def test_model_type_unknown_to_transformers(tmp_path, out_dir):
+    model = tmp_path / "strange"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({"model_type": "no-such-architecture"}))
+    proc = _export(model, out_dir)
+    assert proc.returncode != 0
+    assert "no-such-architecture" in error_line(proc)
+
+
+@pytest.fixture(scope="module")
+def flip_model(tmp_path_factory):
+    from optimum_shared_graph.testing import build_tiny_model
+
+    path = tmp_path_factory.mktemp("flip") / "flip-llama"
+    build_tiny_model("llama", path)
+    config = json.loads((path / "config.json").read_text())
+    config["auto_map"] = {"AutoModelForCausalLM": "modeling_flip.FlipLlamaForCausalLM"}
+    (path / "config.json").write_text(json.dumps(config))
+    (path / "modeling_flip.py").write_text(_FLIP_MODELING)
+    return path
+
+
+def test_failed_validation_writes_nothing(flip_model, out_dir):
+    before = tree_snapshot(out_dir)
+    proc = _export(flip_model, out_dir, "--trust-remote-code")
+    assert proc.returncode != 0
+    line = error_line(proc)
+    assert line.startswith("error: validation failed") and "greedy token" in line
+    _assert_unchanged(out_dir, before)
+
+
+def test_skip_validation_keeps_an_unchecked_artifact(flip_model, tmp_path):
+    out = tmp_path / "unchecked"
+    proc = _export(flip_model, out, "--trust-remote-code", "--skip-validation")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    manifest = json.loads((out / "shared_graph.json").read_text())
+    assert manifest["validation"]["status"] == "skipped"
+
+
+def test_remote_code_needed_but_not_allowed(tmp_path, out_dir):
+    model = tmp_path / "custom"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({
+        "model_type": "my-custom-lm",
+        "auto_map": {"AutoConfig": "configuration_custom.CustomConfig"},
+    }))
+    (model / "configuration_custom.py").write_text(
+        "from transformers import PretrainedConfig\n\nclass CustomConfig(PretrainedConfig):\n    model_type = 'my-custom-lm'\n"
+    )
+    before = tree_snapshot(out_dir)
+    proc = _export(model, out_dir)
+    assert proc.returncode != 0
+    assert "--trust-remote-code" in error_line(proc)
+    _assert_unchanged(out_dir, before)
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--logits", "some"], "invalid choice"),
+        (["--max-cache-len", "64"], "--max-cache-len only applies to static artifacts"),
+        (["--static-query-len", "4"], "--static-query-len only applies to static artifacts"),
+    ],
+)
+def test_invalid_flags(flags, message, tiny_model, out_dir):
+    before = tree_snapshot(out_dir)
+    proc = _export(tiny_model("gpt2"), out_dir, *flags)
+    assert proc.returncode != 0
+    assert message in proc.stderr
+    _assert_unchanged(out_dir, before)
+
+
+def test_plugin_flags_refused_with_other_tasks(tiny_model, tmp_path):
+    out = tmp_path / "with-past"
+    proc = run_cli("export", "openvino", "-m", str(tiny_model("gpt2")), "--task", "text-generation-with-past",
+                   "--logits", "all", str(out))
+    assert proc.returncode != 0
+    assert "--logits only applies with --task text-generation-shared" in error_line(proc)
+    assert not out.exists()
+
+
+def test_non_empty_foreign_output_directory_is_refused(tiny_model, tmp_path):
+    out = tmp_path / "mine"
+    out.mkdir()
+    (out / "notes.txt").write_text("keep me")
+    before = tree_snapshot(out)
+    proc = _export(tiny_model("gpt2"), out)
+    assert proc.returncode != 0
+    assert "is not empty" in error_line(proc)
+    assert tree_snapshot(out) == before
+
+
+def test_reexport_replaces_a_previous_artifact(tiny_model, tmp_path):
+    out = tmp_path / "again"
+    _export(tiny_model("gpt2"), out).check_returncode()
+    (out / "stale.txt").write_text("from an older export")
+    proc = _export(tiny_model("gpt2"), out, "--logits", "all")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert not (out / "stale.txt").exists()
+    assert json.loads((out / "shared_graph.json").read_text())["logits"] == "all"

@@ -1,0 +1,29 @@
+"""The public surface never changes by accident."""
+
+import optimum_shared_graph
+
+
+def test_all():
+    assert sorted(optimum_shared_graph.__all__) == sorted([
+        "TASK", "DecompositionError", "ExportOptions", "ExportValidationError", "InvalidOptionsError", "Manifest",
+        "ManifestError", "ModelNotSupportedError", "RuntimeSelectionError", "SharedGraphError", "export",
+        "read_manifest", "register", "supported_model_types",
+    ] + (["runtime"] if hasattr(optimum_shared_graph, "runtime") else []))
+
+
+def test_error_tree():
+    from optimum_shared_graph import (DecompositionError, ExportValidationError, InvalidOptionsError, ManifestError,
+                                      ModelNotSupportedError, RuntimeSelectionError, SharedGraphError)
+
+    for cls in (DecompositionError, ExportValidationError, InvalidOptionsError, ManifestError,
+                ModelNotSupportedError, RuntimeSelectionError):
+        assert issubclass(cls, SharedGraphError)
+
+
+def test_import_is_light():
+    import subprocess
+    import sys
+
+    code = "import sys, optimum_shared_graph; print('torch' in sys.modules, 'openvino' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["False", "False"]

@@ -320,23 +320,43 @@ def _slice_logits_to_last_attended(model) -> None:
     model.validate_nodes_and_infer_types()
 
 
-def write_static_graph(pt_model, raw: Path, shapes: StaticShapes, opts: ExportOptions, weight_format: str | None) -> None:
-    """Replace the graph optimum-intel wrote in `raw` with the static graph, keeping its rt_info.
+def shapes_of(ov_model) -> StaticShapes:
+    """Read batch, query length and capacity back from a static graph's inputs."""
+    ids = ov_model.input("input_ids").get_partial_shape()
+    mask = ov_model.input("attention_mask").get_partial_shape()
+    return StaticShapes(batch_size=ids[0].get_length(), query_len=ids[1].get_length(), cache_len=mask[1].get_length())
+
+
+def write_static_graph(
+    pt_model, raw: Path, shapes: StaticShapes, opts: ExportOptions, *, capture=None, reason=None,
+    weight_format: str | None = None,
+):
+    """Replace the graph optimum-intel wrote in `raw` with the static graph; return the capture to validate on.
 
     optimum-intel's own export still writes everything else (config, generation config, tokenizer
-    files, runtime options); only `openvino_model.xml/.bin` are replaced. Weight formats are applied
-    with NNCF's data-free weight compression, as optimum-intel does for these formats.
+    files) and its rt_info is kept; only `openvino_model.xml/.bin` are replaced. Weight formats are
+    applied with NNCF's data-free weight compression. When the captured prompt and its greedy
+    tokens do not fit the capacity, `generate()` is captured again on a prompt that fits.
+
+    Raises:
+        DecompositionError: the decomposition failed (`reason`): a static graph needs the shared one.
     """
     import openvino as ov
 
+    from ._errors import DecompositionError
     from ._manifest import GRAPH_BIN, GRAPH_XML
 
+    if reason is not None:
+        raise DecompositionError(
+            f"{reason}; --shape-mode static needs the one shared graph, so it has no fallback: use --shape-mode dynamic"
+        )
+    target = capture.exported if capture is not None and capture.exported is not None else pt_model
     core = ov.Core()
     reference = core.read_model(raw / GRAPH_XML)
-    ov_model = export_static_graph(pt_model, shapes, logits=opts.logits, stateful=opts.stateful)
-    for key in ("optimum", "runtime_options", "transformers_version"):
+    ov_model = export_static_graph(target, shapes, logits=opts.logits, stateful=opts.stateful)
+    for key in ("optimum", "runtime_options"):
         if reference.has_rt_info(key):
-            for name, value in reference.get_rt_info()[key].items() if hasattr(reference.get_rt_info()[key], "items") else []:
+            for name, value in reference.get_rt_info()[key].items():
                 ov_model.set_rt_info(value.astype(str), [key, name])
     del reference
     fmt = weight_format or "fp32"
@@ -345,6 +365,26 @@ def write_static_graph(pt_model, raw: Path, shapes: StaticShapes, opts: ExportOp
     (raw / GRAPH_XML).unlink()
     (raw / GRAPH_BIN).unlink(missing_ok=True)
     ov.save_model(ov_model, raw / GRAPH_XML, compress_to_fp16=(fmt == "fp16"))
+    return _capture_that_fits(pt_model, capture, shapes, opts)
+
+
+def _capture_that_fits(pt_model, capture, shapes: StaticShapes, opts: ExportOptions):
+    if capture is None or capture.prompt_ids.shape[1] + capture.tokens.shape[1] <= shapes.cache_len:
+        return capture
+    import torch
+
+    from ._decompose import capture_generation
+
+    new_tokens = min(opts.validation_new_tokens, shapes.cache_len - 1)
+    if new_tokens < 4:
+        return None  # a prefill and 3 decode steps do not fit: validation is reported as skipped
+    keep = max(1, shapes.cache_len - new_tokens)
+    ids = torch.from_numpy(capture.prompt_ids[:, -keep:].copy())
+    mask = torch.from_numpy(capture.prompt_mask[:, -keep:].copy())
+    kwargs = {}
+    if capture.exported is not None:
+        kwargs = {"target": capture.exported, "module": capture.module}
+    return capture_generation(pt_model, ids, mask, new_tokens, **kwargs)
 
 
 def _compress_weights(ov_model, fmt: str, opts: ExportOptions):

@@ -14,7 +14,7 @@ from ._session import EXACT_CONFIG, GraphSession
 RELATIVE_TOLERANCE = {"fp32": 1e-3, "fp16": 3e-2}
 
 
-def validate_graph(ov_model, capture: Capture, weight_format: str | None) -> dict:
+def validate_graph(ov_model, capture: Capture, weight_format: str | None, *, session_class=GraphSession) -> dict:
     """Compare the graph with PyTorch on the captured prefill and decode calls.
 
     The graph is teacher-forced with PyTorch's greedy tokens: at each call the maximum absolute
@@ -25,6 +25,8 @@ def validate_graph(ov_model, capture: Capture, weight_format: str | None) -> dic
         ov_model: the `openvino.Model` to check (in memory, before it is written).
         capture: the recorded `generate()` of the PyTorch model.
         weight_format: the export's weight format (`None` means fp32 weights).
+        session_class: what feeds the graph: `GraphSession` for dynamic graphs, the runtime's
+            `StaticSession` for static ones, so validation makes the calls the runtime makes.
 
     Returns:
         The report written to the manifest under `validation`.
@@ -38,7 +40,7 @@ def validate_graph(ov_model, capture: Capture, weight_format: str | None) -> dic
     fmt = weight_format or "fp32"
     enforced = fmt in RELATIVE_TOLERANCE
     compiled = ov.Core().compile_model(ov_model, "CPU", EXACT_CONFIG)
-    session = GraphSession(compiled)
+    session = session_class(compiled)
     session.reset()
 
     diffs, picks = [], []

@@ -105,11 +105,12 @@ def run_export(
     register()
     output = Path(output_dir).absolute()
     _check_output(output)
-    if opts.is_static:
-        from ._errors import InvalidOptionsError
-
-        raise InvalidOptionsError("--shape-mode static is not implemented yet in this version: use --shape-mode dynamic")
     config = _load_config(model, opts)
+    static = None
+    if opts.is_static:  # checked against the model's config before any export work
+        from ._static import resolve_static_shapes
+
+        static = resolve_static_shapes(config, opts)
     pt_model = _load_model(model, config, opts)
     capture, reason = _decompose(pt_model, model, opts, config)
     if reason is not None and opts.fallback == "never":
@@ -139,6 +140,11 @@ def run_export(
             raise ModelNotSupportedError(
                 f"optimum-intel could not export {exported_type} as {export_task}: {first}"
             ) from err
+        if static is not None:  # --shape-mode static: the static graph replaces optimum-intel's dynamic one
+            from ._static import write_static_graph
+
+            capture = write_static_graph(pt_model, raw, static, opts, capture=capture, reason=reason,
+                                         weight_format=(quantization or {}).get("weight_format") or opts.weight_format)
         manifest = _finish(raw, final, config, capture, reason, opts, model, quantization)
         _move_into_place(final, output)
         manifest.path = output / MANIFEST_NAME
@@ -282,12 +288,13 @@ def _finish(raw: Path, final: Path, config, capture, reason, opts, model, quanti
     ov_model = core.read_model(raw / GRAPH_XML)
     weight_format = (quantization or {}).get("weight_format") or opts.weight_format
     quant_mode = (quantization or {}).get("quant_mode")
-    if reason is None and opts.logits == "last":
+    if reason is None and opts.logits == "last" and not opts.is_static:  # static graphs slice their own logits
         from ._transforms import slice_logits_to_last_position
 
         slice_logits_to_last_position(ov_model)
     stateful = not any(p.get_any_name().startswith("past_key_values") for p in ov_model.inputs)
     requires = ["generation"] + (["stateless"] if not stateful else []) + (["logits-all"] if opts.logits == "all" else [])
+    requires += ["static"] if opts.is_static else []
     manifest = Manifest(
         task=TASK,
         partitioning="shared" if reason is None else "fallback",
@@ -296,6 +303,7 @@ def _finish(raw: Path, final: Path, config, capture, reason, opts, model, quanti
         logits=opts.logits if reason is None else "all",
         stateful=stateful,
         requires=requires,
+        static=_static_shapes_of(ov_model) if opts.is_static else None,
         model={"source": str(model), "model_type": config.model_type,
                "architecture": (getattr(config, "architectures", None) or [None])[0], **_exported_module(capture)},
         graph={
@@ -316,7 +324,12 @@ def _finish(raw: Path, final: Path, config, capture, reason, opts, model, quanti
     else:
         from ._validation import validate_graph
 
-        manifest.validation = validate_graph(ov_model, capture, weight_format if not quant_mode else "int8")
+        session_class = {}
+        if opts.is_static:
+            from ._static import StaticSession
+
+            session_class = {"session_class": StaticSession}
+        manifest.validation = validate_graph(ov_model, capture, weight_format if not quant_mode else "int8", **session_class)
     for key, value in manifest.rt_info().items():
         ov_model.set_rt_info(value, [RT_INFO_KEY, key])
     final.mkdir()
@@ -330,6 +343,12 @@ def _finish(raw: Path, final: Path, config, capture, reason, opts, model, quanti
     manifest.files = hash_graph_files(final, sorted(n for n in names if (final / n).is_file()))
     manifest.write(final)
     return manifest
+
+
+def _static_shapes_of(ov_model) -> dict[str, int]:
+    from ._static import shapes_of
+
+    return shapes_of(ov_model).to_dict()
 
 
 def _move_into_place(final: Path, output: Path) -> None:

@@ -66,6 +66,18 @@ def build_tokenizer(out_dir: str | Path) -> Any:
     return fast
 
 
+def buildable_reason(model_type: str) -> str | None:
+    """Why transformers cannot build a causal LM of `model_type` from a configuration, or None if it can."""
+    from transformers import CONFIG_MAPPING
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    if model_type not in CONFIG_MAPPING:
+        return "transformers has no configuration class for it (the model ships remote code)"
+    if model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+        return "transformers has no causal LM class for it (AutoModelForCausalLM cannot build it)"
+    return None
+
+
 def tiny_config(model_type: str, **overrides: Any):
     """A tiny `AutoConfig.for_model(model_type)` with decisive random init."""
     from transformers import AutoConfig

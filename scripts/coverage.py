@@ -1,0 +1,401 @@
+"""Architecture coverage of `--task text-generation-shared`: one row per model type, written to docs/architectures.md.
+
+For every model type optimum-intel exports as `text-generation-with-past`
+(`optimum_shared_graph.supported_model_types()`) that transformers can build from a configuration,
+this builds a tiny decisive random-init model (`optimum_shared_graph.testing`), exports it with
+`optimum-cli export openvino --task text-generation-shared` (dynamic, and static with C = 1 when
+the installed version has `--shape-mode static`), and checks greedy generation against PyTorch
+through `OVModelForCausalLM` and OpenVINO GenAI's `LLMPipeline`.
+
+Each model type runs in its own subprocess (`nice -n 10`, with a timeout), so one crash or hang
+costs one row, not the sweep. Nothing is downloaded.
+
+Usage (from the repository root):
+
+    PYTHONPATH=src python scripts/coverage.py                      # every type -> docs/architectures.md
+    PYTHONPATH=src python scripts/coverage.py --types llama gemma2 --output /tmp/cov.md
+    PYTHONPATH=src /tmp/venv457/bin/python scripts/coverage.py --output /tmp/cov-457.md
+
+`--jobs` runs that many model types at once (default 2), `--timeout` bounds each one (seconds).
+The representative subset CI runs is `tests/test_coverage.py` (`pytest -m coverage`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import os
+import platform
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+NEW_TOKENS = 12
+PROMPTS = ["hello", "The quick brown fox jumps over the lazy dog"]
+EXACT = {"KV_CACHE_PRECISION": "f32", "INFERENCE_PRECISION_HINT": "f32"}
+
+# Sorted by what a reader wants first: exported with full parity, then partial, then refused.
+PASS, PARTIAL, REFUSED, NOT_BUILDABLE = "exported, parity", "exported, partial", "refused", "not buildable"
+
+
+# ----------------------------------------------------------------------------------------------
+# One model type (runs in its own subprocess)
+# ----------------------------------------------------------------------------------------------
+
+
+def _first_line(text: str) -> str:
+    text = str(text).strip()
+    return text.splitlines()[0][:300] if text else ""
+
+
+def _cli(args: list[str]) -> tuple[int, str]:
+    """Run `optimum-cli ARGS` in this process (same code path as the command) -> (exit code, stderr)."""
+    from optimum.commands.optimum_cli import main
+
+    buf = io.StringIO()
+
+    class Tee(io.TextIOBase):
+        def write(self, s):
+            buf.write(s)
+            return sys.__stderr__.write(s)
+
+        def flush(self):
+            sys.__stderr__.flush()
+
+    saved = sys.argv
+    sys.argv = ["optimum-cli", *args]
+    code = 0
+    try:
+        with contextlib.redirect_stderr(Tee()):
+            main()
+    except SystemExit as err:
+        code = err.code if isinstance(err.code, int) else 1
+    except BaseException as err:  # noqa: BLE001 - a crash is a row in the table
+        buf.write(f"error: {type(err).__name__}: {_first_line(err)}\n")
+        code = 1
+    finally:
+        sys.argv = saved
+    return code, buf.getvalue()
+
+
+def _error_line(stderr: str) -> str:
+    lines = [line[len("error: "):] for line in stderr.splitlines() if line.startswith("error: ")]
+    if lines:
+        return lines[-1]
+    tail = [line for line in stderr.splitlines() if line.strip()]
+    return tail[-1][:300] if tail else "failed without a message"
+
+
+def _near_tie(scores, step: int) -> str:
+    """PyTorch's own top-2 margin at a generation step: the evidence that a flip is a rounding near-tie."""
+    import torch
+
+    logits = scores[step][0].float()
+    top = torch.topk(logits, 2).values
+    margin = float(top[0] - top[1])
+    scale = float(logits.abs().max())
+    return f"PyTorch top-2 margin {margin:.2e} at step {step} (max |logit| {scale:.2f}, relative {margin / max(scale, 1):.1e})"
+
+
+def _pt_greedy(model, enc):
+    out = model.generate(**enc, max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, do_sample=False,
+                         pad_token_id=0, output_scores=True, return_dict_in_generate=True)
+    return out.sequences, out.scores
+
+
+def _compare(name: str, ref, scores, ours, prompt_len: int) -> str | None:
+    """None if equal, else one line naming the first differing step and PyTorch's margin there."""
+    ref_new = [int(t) for t in ref[0, prompt_len:]]
+    ours_new = [int(t) for t in ours][: len(ref_new)]
+    if ref_new == ours_new:
+        return None
+    step = next((i for i, (a, b) in enumerate(zip(ref_new, ours_new)) if a != b), min(len(ref_new), len(ours_new)))
+    return f"{name}: token {step} differs (PyTorch {ref_new[step]}, OpenVINO {ours_new[step] if step < len(ours_new) else '-'}); {_near_tie(scores, step)}"
+
+
+def _check_runtimes(model_dir: Path, out: Path, result: dict) -> None:
+    import openvino as ov
+    import torch
+    from optimum.intel import OVModelForCausalLM
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    pt = AutoModelForCausalLM.from_pretrained(model_dir, torch_dtype=torch.float32).eval()
+    refs = []
+    with torch.no_grad():
+        for prompt in PROMPTS:
+            enc = tok([prompt], return_tensors="pt")
+            refs.append((enc, *_pt_greedy(pt, enc)))
+
+    try:
+        model = OVModelForCausalLM.from_pretrained(out, ov_config=EXACT)
+        problems = []
+        for enc, ref, scores in refs:
+            seq = model.generate(**enc, max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, do_sample=False, pad_token_id=0)
+            problem = _compare("OVModelForCausalLM", ref, scores, seq[0, enc["input_ids"].shape[1]:], enc["input_ids"].shape[1])
+            if problem:
+                problems.append(problem)
+        result["ovmodel"] = "parity" if not problems else problems[0]
+        del model
+    except Exception as err:  # noqa: BLE001
+        result["ovmodel"] = f"OVModelForCausalLM failed: {type(err).__name__}: {_first_line(err)}"
+
+    try:
+        import openvino_genai as ov_genai
+
+        pipe = ov_genai.LLMPipeline(str(out), "CPU", **EXACT)
+        config = ov_genai.GenerationConfig(max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, ignore_eos=True)
+        problems = []
+        for enc, ref, scores in refs:
+            inputs = ov_genai.TokenizedInputs(ov.Tensor(enc["input_ids"].numpy()), ov.Tensor(enc["attention_mask"].numpy()))
+            ours = list(pipe.generate(inputs, config).tokens[0])
+            problem = _compare("GenAI", ref, scores, ours, enc["input_ids"].shape[1])
+            if problem:
+                problems.append(problem)
+        result["genai"] = "parity" if not problems else problems[0]
+        del pipe
+    except Exception as err:  # noqa: BLE001
+        result["genai"] = f"GenAI failed: {type(err).__name__}: {_first_line(err)}"
+
+
+def _validation_flip_evidence(model_dir: Path, reason: str) -> str:
+    """For an export refused on a greedy flip: PyTorch's top-2 margin at that step of the validation prompt."""
+    match = re.search(r"greedy token (\d+) differs", reason)
+    if not match:
+        return ""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from optimum_shared_graph._decompose import DEFAULT_PROMPT
+
+    step = int(match.group(1))
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    pt = AutoModelForCausalLM.from_pretrained(model_dir, torch_dtype=torch.float32).eval()
+    ids = tok(DEFAULT_PROMPT, return_tensors="pt")["input_ids"][:, :48]
+    with torch.no_grad():
+        out = pt.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=step + 1,
+                          min_new_tokens=step + 1, do_sample=False, pad_token_id=0, output_scores=True,
+                          return_dict_in_generate=True)
+    return _near_tie(out.scores, step)
+
+
+def run_one(model_type: str, workdir: Path) -> dict:
+    """Build, export and check one model type; return its result row as a dict."""
+    import transformers
+
+    result: dict = {"model_type": model_type, "transformers": transformers.__version__}
+    started = time.monotonic()
+    from optimum_shared_graph.testing import build_tiny_model, buildable_reason
+
+    why = buildable_reason(model_type)
+    if why:
+        result.update(status=NOT_BUILDABLE, reason=why)
+        return result
+    model_dir = workdir / "model"
+    try:
+        build_tiny_model(model_type, model_dir)
+    except Exception as err:  # noqa: BLE001
+        result.update(status=NOT_BUILDABLE, reason=f"tiny model build failed: {type(err).__name__}: {_first_line(err)}")
+        return result
+
+    out = workdir / "dynamic"
+    t0 = time.monotonic()
+    code, stderr = _cli(["export", "openvino", "-m", str(model_dir), "--task", "text-generation-shared", str(out)])
+    result["export_seconds"] = round(time.monotonic() - t0, 1)
+    if code != 0:
+        reason = _error_line(stderr)
+        try:
+            evidence = _validation_flip_evidence(model_dir, reason)
+        except Exception:  # noqa: BLE001
+            evidence = ""
+        result.update(status=REFUSED, reason=reason + (f" [{evidence}]" if evidence else ""))
+        result["static"] = "not tried (dynamic export refused)"
+        result["seconds"] = round(time.monotonic() - started, 1)
+        return result
+
+    manifest = json.loads((out / "shared_graph.json").read_text())
+    graphs = sorted(p.name for p in out.glob("*.xml") if "tokenizer" not in p.name)
+    validation = manifest.get("validation", {})
+    result["partitioning"] = manifest.get("partitioning")
+    result["graphs"] = graphs
+    result["validation"] = {k: validation.get(k) for k in ("status", "greedy_match", "max_abs_diff_prefill", "max_abs_diff_decode")}
+    result["version_cap"] = "; ".join(n for n in manifest.get("model", {}).get("notes", []) if "caps transformers" in n)
+    result["states"] = manifest.get("graph", {}).get("states")
+    result["inputs"] = [i["name"] for i in manifest.get("graph", {}).get("inputs", [])]
+    _check_runtimes(model_dir, out, result)
+    result["static"] = _static(model_dir, workdir)
+
+    one_graph = manifest.get("partitioning") == "shared" and graphs == ["openvino_model.xml"]
+    ok = one_graph and validation.get("status") == "passed" and result["ovmodel"] == "parity" and result["genai"] == "parity"
+    result["status"] = PASS if ok else PARTIAL
+    if not ok:
+        if not one_graph:
+            result["reason"] = f"not one graph: partitioning {manifest.get('partitioning')} ({manifest.get('fallback_reason')})"
+        elif validation.get("status") != "passed":
+            result["reason"] = f"validation {validation.get('status')}"
+        else:
+            result["reason"] = result["ovmodel"] if result["ovmodel"] != "parity" else result["genai"]
+    result["seconds"] = round(time.monotonic() - started, 1)
+    return result
+
+
+def _static(model_dir: Path, workdir: Path) -> str:
+    """Static export with C = 1, checked by its export validation; 'not available' without the flag."""
+    out = workdir / "static"
+    code, stderr = _cli(["export", "openvino", "-m", str(model_dir), "--task", "text-generation-shared",
+                         "--shape-mode", "static", "--static-query-len", "1", "--max-cache-len", "128", str(out)])
+    if code != 0:
+        line = _error_line(stderr)
+        if "not implemented" in line or "invalid choice" in line or "unrecognized arguments" in line:
+            return "not available"
+        return f"refused: {line}"
+    manifest = json.loads((out / "shared_graph.json").read_text())
+    status = manifest.get("validation", {}).get("status")
+    return "parity" if status == "passed" else f"validation {status}"
+
+
+# ----------------------------------------------------------------------------------------------
+# The sweep
+# ----------------------------------------------------------------------------------------------
+
+
+def _run_subprocess(model_type: str, timeout: int, python: str) -> dict:
+    with tempfile.TemporaryDirectory(prefix=f"osg-cov-{model_type}-") as tmp:
+        result_file = Path(tmp) / "result.json"
+        cmd = ["nice", "-n", "10", python, str(Path(__file__).resolve()), "--one", model_type,
+               "--workdir", tmp, "--result", str(result_file)]
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT / "src"), os.environ.get("PYTHONPATH")])),
+                   TOKENIZERS_PARALLELISM="false", OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
+        env.pop("OPTIMUM_SHARED_GRAPH_DEBUG", None)
+        t0 = time.monotonic()
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+        except subprocess.TimeoutExpired:
+            return {"model_type": model_type, "status": REFUSED, "reason": f"timed out after {timeout} s in the coverage run",
+                    "seconds": timeout}
+        if result_file.is_file():
+            return json.loads(result_file.read_text())
+        tail = [line for line in (proc.stderr or "").splitlines() if line.strip()]
+        return {"model_type": model_type, "status": REFUSED, "seconds": round(time.monotonic() - t0, 1),
+                "reason": f"worker crashed (exit {proc.returncode}): {tail[-1][:300] if tail else 'no output'}"}
+
+
+def _cell(text: str | None) -> str:
+    return (text or "").replace("|", "\\|").replace("\n", " ")
+
+
+def render(results: list[dict], *, seconds: float, versions: dict, python: str) -> str:
+    order = {PASS: 0, PARTIAL: 1, REFUSED: 2, NOT_BUILDABLE: 3}
+    rows = sorted(results, key=lambda r: (order.get(r["status"], 9), r["model_type"]))
+    counts = {s: sum(r["status"] == s for r in results) for s in order}
+    capped = [r["model_type"] for r in results if r["status"] == PASS and r.get("version_cap")]
+    ssm = [r["model_type"] for r in results if r["status"] == PASS and any(
+        "cache_params" in n or n == "cache_position" for n in r.get("inputs", []))]
+    lines = [
+        "# Architecture coverage of `text-generation-shared`",
+        "",
+        "Generated by `PYTHONPATH=src python scripts/coverage.py` (do not edit by hand). Every model type",
+        "optimum-intel registers for `text-generation-with-past` gets one row. For each type transformers can",
+        "build from a configuration, a tiny random-init model (2 layers, hidden size 64, `initializer_range=0.1`)",
+        "is exported with `optimum-cli export openvino --task text-generation-shared` and checked:",
+        "",
+        "- **export**: one decoder graph (`partitioning: shared`), its export validation passed (PyTorch against",
+        "  the graph on the prefill and every decode step: max |logits difference| and 16 greedy tokens);",
+        f"- **OVModelForCausalLM**, **GenAI**: greedy generation of {NEW_TOKENS} tokens on {len(PROMPTS)} prompts, token for",
+        "  token equal to PyTorch (`LLMPipeline` and `OVModelForCausalLM` with f32 inference precision);",
+        "- **static**: `--shape-mode static --static-query-len 1`, checked by its export validation.",
+        "",
+        "A greedy difference is reported with PyTorch's own top-2 logit margin at that step, to tell a rounding",
+        "near-tie from a real error. Checks are never loosened for a model type.",
+        "",
+        f"Run: transformers {versions.get('transformers')}, optimum-intel {versions.get('optimum-intel')}, "
+        f"openvino {versions.get('openvino')}, openvino-genai {versions.get('openvino-genai')}, torch {versions.get('torch')}; "
+        f"{platform.machine()}, {os.cpu_count()} CPUs, {seconds / 60:.1f} minutes.",
+        "",
+        f"**{counts[PASS]} model types exported as one graph with parity** (PyTorch, OVModelForCausalLM and GenAI), "
+        f"{counts[PARTIAL]} exported with a runtime difference, {counts[REFUSED]} refused, "
+        f"{counts[NOT_BUILDABLE]} not buildable from a configuration (remote code or no causal LM class).",
+    ]
+    if capped:
+        lines += ["", "Exported despite an optimum-intel transformers version cap (validation passed under the installed "
+                  f"transformers): {', '.join(capped)}."]
+    if ssm:
+        lines += ["", f"With state other than a KV cache (convolution and SSM states) in the one stateful graph: {', '.join(ssm)}."]
+    lines += ["", "| model type | status | export | OVModelForCausalLM | GenAI | static | reason / note |",
+              "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        val = r.get("validation") or {}
+        if r["status"] in (PASS, PARTIAL):
+            export = f"{val.get('status')}, max diff {max(val.get('max_abs_diff_prefill') or 0, val.get('max_abs_diff_decode') or 0):.1e}"
+        else:
+            export = "-"
+        note = r.get("reason") or ""
+        if r.get("version_cap"):
+            note = (note + "; " if note else "") + r["version_cap"]
+        lines.append(f"| {r['model_type']} | {r['status']} | {export} | {_cell(r.get('ovmodel', '-'))} | "
+                     f"{_cell(r.get('genai', '-'))} | {_cell(r.get('static', '-'))} | {_cell(note)} |")
+    lines.append("")
+    return "\n".join(lines)
+
+
+def _versions() -> dict:
+    from importlib.metadata import PackageNotFoundError, version
+
+    found = {}
+    for name in ("transformers", "optimum-intel", "openvino", "openvino-genai", "torch"):
+        try:
+            found[name] = version(name)
+        except PackageNotFoundError:
+            found[name] = None
+    return found
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--types", nargs="*", help="model types to run (default: all supported)")
+    parser.add_argument("--output", default=str(ROOT / "docs" / "architectures.md"))
+    parser.add_argument("--results", help="also write the raw results as JSON here")
+    parser.add_argument("--jobs", type=int, default=2)
+    parser.add_argument("--timeout", type=int, default=420, help="seconds per model type")
+    parser.add_argument("--one", help=argparse.SUPPRESS)
+    parser.add_argument("--workdir", help=argparse.SUPPRESS)
+    parser.add_argument("--result", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+
+    if args.one:
+        try:
+            result = run_one(args.one, Path(args.workdir))
+        except Exception as err:  # noqa: BLE001
+            result = {"model_type": args.one, "status": REFUSED, "reason": f"coverage worker error: {type(err).__name__}: {_first_line(err)}"}
+        Path(args.result).write_text(json.dumps(result, indent=1, default=str))
+        return 0
+
+    from optimum_shared_graph import supported_model_types
+
+    types = args.types or supported_model_types()
+    t0 = time.monotonic()
+    results = []
+    with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
+        for result in pool.map(lambda t: _run_subprocess(t, args.timeout, sys.executable), types):
+            results.append(result)
+            print(f"{result['model_type']:28s} {result['status']:18s} {result.get('seconds', '')!s:>6} "
+                  f"{result.get('reason', '')[:150]}", flush=True)
+    seconds = time.monotonic() - t0
+    Path(args.output).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.output).write_text(render(results, seconds=seconds, versions=_versions(), python=sys.executable))
+    if args.results:
+        Path(args.results).write_text(json.dumps(results, indent=1, default=str))
+    print(f"{sum(r['status'] == PASS for r in results)}/{len(results)} exported with parity in {seconds / 60:.1f} min "
+          f"-> {args.output}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

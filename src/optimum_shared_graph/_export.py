@@ -12,12 +12,13 @@ from typing import Any, Callable
 
 from ._decompose import DEFAULT_PROMPT, Capture, check_one_graph_serves_both, decompose, save_exported_model
 from . import _fallback
-from ._errors import DecompositionError, ModelNotSupportedError, SharedGraphError
+from ._errors import DecompositionError, ExportValidationError, ModelNotSupportedError, SharedGraphError
 from ._manifest import (
     GRAPH_BIN, GRAPH_XML, MANIFEST_NAME, RT_INFO_KEY, Manifest, describe_ports, hash_graph_files,
 )
 from ._options import ExportOptions
 from ._registration import BASE_TASK, TASK, register, supported_model_types
+from ._version_cap import lifted_cap
 
 logger = logging.getLogger("optimum_shared_graph")
 
@@ -129,7 +130,12 @@ def run_export(
             source = str(save_exported_model(capture, model, staging / "inner", trust_remote_code=opts.trust_remote_code))
         try:
             if export_task == BASE_TASK:
-                raw_export(source, raw)
+                cap_type = capture.exported.config.model_type if source != model else config.model_type
+                # past optimum-intel's transformers cap only when validation will guard the graph
+                with lifted_cap(cap_type, BASE_TASK, validating=not opts.skip_validation) as lifted:
+                    raw_export(source, raw)
+                if lifted is not None and capture is not None:
+                    capture.notes.append(lifted.note)
             else:  # optimum-intel's own partitioning for a vision-language model
                 raw_export(source, raw, task=export_task)
         except SharedGraphError:
@@ -145,7 +151,12 @@ def run_export(
 
             capture = write_static_graph(pt_model, raw, static, opts, capture=capture, reason=reason,
                                          weight_format=(quantization or {}).get("weight_format") or opts.weight_format)
-        manifest = _finish(raw, final, config, capture, reason, opts, model, quantization)
+        try:
+            manifest = _finish(raw, final, config, capture, reason, opts, model, quantization)
+        except ExportValidationError as err:
+            if export_task == BASE_TASK and lifted is not None:
+                raise ExportValidationError(f"{err}; {lifted.refusal}", report=err.report) from err
+            raise
         _move_into_place(final, output)
         manifest.path = output / MANIFEST_NAME
         return manifest
@@ -305,7 +316,8 @@ def _finish(raw: Path, final: Path, config, capture, reason, opts, model, quanti
         requires=requires,
         static=_static_shapes_of(ov_model) if opts.is_static else None,
         model={"source": str(model), "model_type": config.model_type,
-               "architecture": (getattr(config, "architectures", None) or [None])[0], **_exported_module(capture)},
+               "architecture": (getattr(config, "architectures", None) or [None])[0], **_exported_module(capture),
+               **({"notes": list(capture.notes)} if capture is not None and capture.notes else {})},
         graph={
             "files": graphs,
             "inputs": describe_ports(ov_model.inputs),

@@ -24,7 +24,7 @@ VLM_TASK = "image-text-to-text"
 # Forward inputs through which a prefill writes another modality into the KV cache.
 MODALITY_INPUTS = (
     "pixel_values", "pixel_values_videos", "image_grid_thw", "video_grid_thw", "image_sizes",
-    "pixel_attention_mask", "image_attention_mask", "input_features", "input_values", "vision_feature_layer",
+    "pixel_attention_mask", "image_attention_mask", "input_features", "input_values",
 )
 
 

@@ -132,7 +132,8 @@ def run_export(
             if export_task == BASE_TASK:
                 cap_type = capture.exported.config.model_type if source != model else config.model_type
                 # past optimum-intel's transformers cap only when validation will guard the graph
-                with lifted_cap(cap_type, BASE_TASK, validating=not opts.skip_validation) as lifted:
+                # (a fallback is not validated: no captured calls to check it against)
+                with lifted_cap(cap_type, BASE_TASK, validating=not opts.skip_validation and reason is None) as lifted:
                     raw_export(source, raw)
                 if lifted is not None and capture is not None:
                     capture.notes.append(lifted.note)

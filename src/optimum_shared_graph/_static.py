@@ -428,11 +428,12 @@ class StaticSession:
     Args:
         compiled: the `openvino.CompiledModel` of a static graph.
         pad_token_id: the token fed in masked slots.
+        request: an infer request of `compiled` to use (a new one if None).
     """
 
-    def __init__(self, compiled, pad_token_id: int = 0):
+    def __init__(self, compiled, pad_token_id: int = 0, *, request=None):
         self.compiled = compiled
-        self.request = compiled.create_infer_request()
+        self.request = request if request is not None else compiled.create_infer_request()
         self.inputs = {name: p for p in compiled.inputs for name in p.get_names()}
         self.past_names = sorted((n for n in self.inputs if n.startswith("past_key_values.")), key=_layer_order)
         self.present_names = [n.replace("past_key_values", "present", 1) for n in self.past_names]

@@ -1,0 +1,172 @@
+"""`runtime()`: read and check an artifact, then hand it to a runtime provider that can run it (SPEC section 9).
+
+Providers are found through the entry-point group `optimum_shared_graph.runtimes`. The package's
+own OpenVINO provider is registered there by its `pyproject.toml`, like any third-party one. An
+entry point names an object (a class is instantiated without arguments) with:
+
+- `capabilities`: the capabilities it offers, a subset of `CAPABILITIES` (and any future names);
+- `load(path, manifest, *, device, **options)`: returns the runnable model.
+
+An artifact's manifest lists what it `requires`; a provider is chosen only when its capabilities
+cover all of it. So a provider that does not flag `generation` is never given a generation artifact.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ._errors import RuntimeSelectionError
+from ._manifest import Manifest, read_manifest
+
+GROUP = "optimum_shared_graph.runtimes"
+
+# What a provider can declare. `generation`: runs the decoder graph token by token for generate();
+# `static`: static-shape graphs; `stateless`: KV cache as graph inputs/outputs; `logits-all`:
+# graphs with logits for every position (assisted decoding).
+CAPABILITIES = ("generation", "static", "stateless", "logits-all")
+
+
+@dataclass(frozen=True)
+class Provider:
+    """A registered runtime provider.
+
+    Args:
+        name: the entry point's name.
+        plugin: the loaded provider object.
+        capabilities: what it declared.
+        distribution: `"name version"` of the distribution that provided it (for messages), or None.
+    """
+
+    name: str
+    plugin: Any
+    capabilities: frozenset[str]
+    distribution: str | None = None
+
+    def describe(self) -> str:
+        where = f" from {self.distribution}" if self.distribution else ""
+        return f"{self.name}{where} [{', '.join(sorted(self.capabilities)) or 'no capabilities'}]"
+
+
+class ProviderRegistry:
+    """The providers found through entry points, loaded lazily and once (pluggy-style)."""
+
+    def __init__(self, group: str = GROUP):
+        self.group = group
+        self._providers: dict[str, Provider] = {}
+        self._lock = threading.RLock()
+
+    def load_entry_points(self) -> list[Provider]:
+        """Load the group's entry points not registered yet; return every registered provider. Idempotent."""
+        with self._lock:
+            for ep in importlib.metadata.entry_points(group=self.group):
+                if ep.name in self._providers:
+                    continue
+                self.register(ep.name, ep.load(), distribution=_distribution(ep))
+            return list(self._providers.values())
+
+    def register(self, name: str, plugin: Any, *, distribution: str | None = None) -> Provider:
+        """Register a provider object (or a class, instantiated without arguments) under `name`.
+
+        Raises:
+            RuntimeSelectionError: it declares no `capabilities` or has no `load()`.
+        """
+        where = f" (from {distribution})" if distribution else ""
+        if isinstance(plugin, type):
+            plugin = plugin()
+        capabilities = getattr(plugin, "capabilities", None)
+        if isinstance(capabilities, str) or not all(isinstance(c, str) for c in capabilities or [None]):
+            raise RuntimeSelectionError(
+                f"runtime provider {name!r}{where} must declare `capabilities` as a set of strings "
+                f"(from {', '.join(CAPABILITIES)}): fix or uninstall it"
+            )
+        if not callable(getattr(plugin, "load", None)):
+            raise RuntimeSelectionError(f"runtime provider {name!r}{where} has no load() method: fix or uninstall it")
+        provider = Provider(name=name, plugin=plugin, capabilities=frozenset(capabilities), distribution=distribution)
+        with self._lock:
+            self._providers.setdefault(name, provider)
+            return self._providers[name]
+
+    def select(self, manifest: Manifest, *, name: str | None = None) -> Provider:
+        """The first provider (by name) whose capabilities cover `manifest.requires`.
+
+        Raises:
+            RuntimeSelectionError: none does; the message names the missing capability and the providers.
+        """
+        providers = sorted(self.load_entry_points(), key=lambda p: p.name)
+        requires = set(manifest.requires)
+        where = manifest.path.parent if manifest.path else "the artifact"
+        installed = "; ".join(p.describe() for p in providers) or "none"
+        if name is not None:
+            chosen = [p for p in providers if p.name == name]
+            if not chosen:
+                raise RuntimeSelectionError(
+                    f"no runtime provider named {name!r} is installed (installed: {installed}): "
+                    f"install it, or leave `provider` unset"
+                )
+            providers = chosen
+        for provider in providers:
+            if requires <= provider.capabilities:
+                return provider
+        if not providers:
+            raise RuntimeSelectionError(
+                f"no runtime provider is installed (entry-point group {self.group}): reinstall optimum-shared-graph"
+            )
+        # Name what no provider offers; when each piece is offered somewhere, what the closest one lacks.
+        nobody = sorted(c for c in requires if not any(c in p.capabilities for p in providers))
+        missing = nobody or sorted(min((requires - p.capabilities for p in providers), key=len))
+        raise RuntimeSelectionError(
+            f"no runtime provider can run {where}: it requires {', '.join(sorted(requires))} and none offers "
+            f"{', '.join(missing)} (installed: {installed}); install a provider with {', '.join(missing)}"
+        )
+
+
+def _distribution(ep) -> str | None:
+    dist = getattr(ep, "dist", None)
+    if dist is None:
+        return None
+    try:
+        return f"{dist.metadata['Name']} {dist.version}"
+    except Exception:  # a distribution without readable metadata
+        return getattr(dist, "name", None)
+
+
+_REGISTRY = ProviderRegistry()
+
+
+def runtime(path: str | os.PathLike, device: str = "CPU", *, provider: str | None = None, **options: Any) -> Any:
+    """Load an artifact with a runtime provider that can run it.
+
+    Args:
+        path: the artifact directory (the `OUT` of an export).
+        device: the device to compile for (`"CPU"`, `"GPU"`, ...).
+        provider: the name of the provider to use; `None` picks one that covers the artifact's `requires`.
+        **options: passed to the provider's `load()` (for the OpenVINO provider: `ov_config`, ...).
+
+    Returns:
+        What the provider returns; the built-in OpenVINO provider returns a model with transformers'
+        `generate()` API.
+
+    Raises:
+        ManifestError: the manifest is missing, corrupt, from a newer schema, names a file outside the
+            directory, or a graph file's sha256 changed.
+        RuntimeSelectionError: no installed provider covers what the artifact requires.
+
+    Example:
+        >>> import optimum_shared_graph as osg
+        >>> model = osg.runtime("./tiny-llama-ov")  # doctest: +SKIP
+        >>> model.generate(**tokenizer("Hello", return_tensors="pt"), max_new_tokens=8)  # doctest: +SKIP
+    """
+    path = Path(path)
+    manifest = read_manifest(path)
+    chosen = _REGISTRY.select(manifest, name=provider)
+    return chosen.plugin.load(path, manifest, device=device, **options)
+
+
+def installed_providers() -> list[Provider]:
+    """The runtime providers installed (loading their entry points if not done yet)."""
+    return sorted(_REGISTRY.load_entry_points(), key=lambda p: p.name)

@@ -1,0 +1,208 @@
+"""The built-in OpenVINO runtime provider: artifacts as models with transformers' `generate()` API.
+
+Registered through the package's entry point (`pyproject.toml`), like any other provider. The model
+is optimum-intel's `OVModelForCausalLM` (so greedy, sampling, beam search, streamers and
+`pipeline("text-generation")` behave as they do there) with what this package's artifacts add:
+
+- static artifacts run through `StaticSession`: C slots per call, a fixed-capacity cache, and a
+  prompt plus `max_new_tokens` over the capacity refused before any inference;
+- `logits=all` artifacts support assisted decoding: the cache handed to transformers can `crop()`,
+  which trims the KV state (or the KV inputs, or the static cache's fill) after rejected candidates;
+- on `logits=last` artifacts, assisted decoding is refused with one clear line.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ._errors import RuntimeSelectionError
+from ._manifest import GRAPH_XML, Manifest
+
+
+class OpenVINOProvider:
+    """Runs artifacts with OpenVINO Runtime, on any OpenVINO device."""
+
+    name = "openvino"
+    capabilities = frozenset({"generation", "static", "stateless", "logits-all"})
+
+    def load(self, path: str | Path, manifest: Manifest, *, device: str = "CPU", ov_config: dict | None = None,
+             **kwargs: Any):
+        """Load the artifact at `path` as a `generate()`-capable model.
+
+        Args:
+            path: the artifact directory.
+            manifest: its checked manifest.
+            device: the OpenVINO device.
+            ov_config: OpenVINO compile properties (e.g. `{"INFERENCE_PRECISION_HINT": "f32"}`).
+            **kwargs: passed to optimum-intel's model constructor.
+        """
+        import openvino as ov
+        from transformers import AutoConfig, GenerationConfig
+
+        path = Path(path)
+        config = AutoConfig.from_pretrained(path)
+        try:
+            generation_config = GenerationConfig.from_pretrained(path)
+        except OSError:
+            generation_config = GenerationConfig.from_model_config(config)
+        if getattr(generation_config, "cache_implementation", None) is not None:
+            generation_config.cache_implementation = None
+        model = ov.Core().read_model(path / GRAPH_XML)
+        cls = _model_class(config, manifest)
+        return cls(
+            model=model, config=config, device=device, ov_config=ov_config or {}, model_save_dir=path,
+            generation_config=generation_config, manifest=manifest, **kwargs,
+        )
+
+
+def _model_class(config, manifest: Manifest):
+    """optimum-intel's class for this model type (as `OVModelForCausalLM.from_pretrained` picks it), with our mixin."""
+    from optimum.intel.openvino import modeling_decoder as md
+
+    base = md.OVModelForCausalLM
+    if manifest.shape_mode != "static":
+        special = {"gpt_bigcode": "OVGPTBigCodeForCausalLM", "phi3": "OVPhi3ForCausalLM"}
+        base = getattr(md, special.get(config.model_type, ""), base)
+    return type(f"SharedGraph{base.__name__}", (_SharedGraphMixin, base), {"__module__": __name__})
+
+
+class _CroppableCache(list):
+    """The `past_key_values` handed to transformers: optimum-intel's value plus `crop()` for assisted decoding."""
+
+    def __init__(self, items, crop):
+        super().__init__(items)
+        self._crop = crop
+
+    def crop(self, length: int) -> None:
+        self._crop(self, int(length))
+
+
+class _SharedGraphMixin:
+    """What a `text-generation-shared` artifact adds to optimum-intel's `OVModelForCausalLM`."""
+
+    def __init__(self, *args, manifest: Manifest, **kwargs):
+        self.manifest = manifest
+        self.is_static = manifest.shape_mode == "static"
+        self._static_session = None
+        super().__init__(*args, **kwargs)
+
+    # ---------------------------------------------------------------- optimum-intel hooks, static-aware
+
+    def _reshape(self, model, *args, **kwargs):
+        if getattr(self, "is_static", False):
+            return model  # every shape is fixed by design
+        return super()._reshape(model, *args, **kwargs)
+
+    def update_pkv_precision(self, force_fp32: bool = False):
+        if getattr(self, "is_static", False):
+            return  # the static session keeps the KV buffers in the graph's own precision
+        return super().update_pkv_precision(force_fp32)
+
+    def compile(self):
+        fresh = self.request is None
+        super().compile()
+        if self.is_static and (fresh or self._static_session is None):
+            from ._static import StaticSession
+
+            generation_config = getattr(self, "generation_config", None)
+            pad = generation_config.pad_token_id if generation_config is not None else None
+            if isinstance(pad, list):
+                pad = pad[0]
+            self._static_session = StaticSession(
+                self.request.get_compiled_model(), pad_token_id=pad or 0, request=self.request
+            )
+
+    @property
+    def static_session(self):
+        """The `StaticSession` of a static artifact (compiling on first use)."""
+        self.compile()
+        return self._static_session
+
+    # ------------------------------------------------------------------------------------- generate
+
+    def generate(self, inputs=None, generation_config=None, *args, assistant_model=None, **kwargs):
+        config, _ = self._prepare_generation_config(generation_config, **kwargs)
+        assisted = assistant_model is not None or getattr(config, "prompt_lookup_num_tokens", None)
+        if assisted and self.manifest.logits != "all":
+            raise RuntimeSelectionError(
+                "assisted decoding needs the logits of every candidate position, and this artifact has logits=last: "
+                "export it with --logits all"
+            )
+        if self.is_static:
+            ids = inputs if inputs is not None else kwargs.get("input_ids")
+            if ids is not None:
+                rows = ids.shape[0] * max(1, config.num_beams or 1) * max(1, config.num_return_sequences or 1)
+                length = ids.shape[1]
+                new = config.max_new_tokens if config.max_new_tokens is not None else config.max_length - length
+                self.static_session.check_fits(rows, length + max(0, new))
+        return super().generate(inputs, generation_config, *args, assistant_model=assistant_model, **kwargs)
+
+    def forward(self, input_ids, attention_mask=None, past_key_values=None, position_ids=None, **kwargs):
+        if self.is_static:
+            return self._static_forward(input_ids, attention_mask, past_key_values)
+        out = super().forward(input_ids, attention_mask=attention_mask, past_key_values=past_key_values,
+                              position_ids=position_ids, **kwargs)
+        if self.manifest.logits == "all" and out.past_key_values is not None:
+            out.past_key_values = _CroppableCache(out.past_key_values, self._crop_dynamic)
+        return out
+
+    def _static_forward(self, input_ids, attention_mask, past_key_values):
+        import torch
+        from transformers.modeling_outputs import CausalLMOutputWithPast
+
+        session = self.static_session
+        if past_key_values is None:
+            session.reset()
+        n = input_ids.shape[1]
+        mask = None if attention_mask is None else attention_mask[:, -n:].cpu().numpy()
+        logits = session.step(input_ids.cpu().numpy(), mask)
+        self._first_iter_beam_search = False  # static graphs run the full beam batch from the first call
+        self._past_length = session.filled
+        return CausalLMOutputWithPast(logits=torch.from_numpy(logits), past_key_values=_CroppableCache([()], self._crop_static))
+
+    def _get_past_length(self, past_key_values=None):
+        if self.is_static:
+            return 0 if past_key_values is None else self.static_session.filled
+        return super()._get_past_length(past_key_values)
+
+    def _reorder_cache(self, past_key_values, beam_idx):
+        if self.is_static:
+            self.static_session.reorder(np.asarray(beam_idx))
+            return past_key_values
+        return super()._reorder_cache(past_key_values, beam_idx)
+
+    # ------------------------------------------------------------------- cache trimming (assisted)
+
+    def _crop_static(self, cache, length: int) -> None:
+        self.static_session.crop(length)
+        self._past_length = self.static_session.filled
+
+    def _crop_dynamic(self, cache, length: int) -> None:
+        import openvino as ov
+
+        if self.stateful:
+            axes = _state_sequence_axes(self.model)
+            for state in self.request.query_state():
+                data = state.state.data
+                axis = axes.get(state.name, data.ndim - 2)
+                if data.shape[axis] > length:
+                    state.state = ov.Tensor(np.ascontiguousarray(np.take(data, np.arange(length), axis=axis)))
+            self._past_length = min(self._past_length, length)
+        else:
+            for i, layer in enumerate(cache):
+                cache[i] = tuple(np.ascontiguousarray(t[..., :length, :]) for t in layer)
+
+
+def _state_sequence_axes(model) -> dict[str, int]:
+    """The sequence axis of each KV state: its dynamic axis other than the batch axis 0."""
+    axes = {}
+    for op in model.get_ops():
+        if op.get_type_name() == "ReadValue":
+            shape = op.get_output_partial_shape(0)
+            dynamic = [i for i in range(shape.rank.get_length()) if shape[i].is_dynamic and i != 0]
+            if dynamic:
+                axes[op.get_variable_id()] = dynamic[-1]
+    return axes

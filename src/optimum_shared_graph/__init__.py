@@ -16,6 +16,7 @@ from ._export import export
 from ._manifest import Manifest, read_manifest
 from ._options import ExportOptions
 from ._registration import TASK, register, supported_model_types
+from ._runtime import runtime
 
 __version__ = "0.1.0"
 
@@ -33,5 +34,6 @@ __all__ = [
     "export",
     "read_manifest",
     "register",
+    "runtime",
     "supported_model_types",
 ]

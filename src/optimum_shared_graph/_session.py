@@ -8,7 +8,26 @@ import numpy as np
 # in the IR's runtime options, which is right for deployment but not for a strict comparison.
 EXACT_CONFIG = {"KV_CACHE_PRECISION": "f32", "INFERENCE_PRECISION_HINT": "f32"}
 
-_KNOWN_INPUTS = {"input_ids", "attention_mask", "position_ids", "beam_idx"}
+_KNOWN_INPUTS = {"input_ids", "attention_mask", "position_ids", "beam_idx", "cache_position"}
+
+# Cache inputs and outputs of stateless graphs: optimum-intel names the KV cache `past_key_values.*` /
+# `present.*`, and the convolution, SSM (and KV) states of Mamba-style models `cache_params.past.*` /
+# `cache_params.present.*`.
+_PAST_PREFIXES = ("past_key_values", "cache_params.past")
+_PRESENT_PREFIXES = ("present", "cache_params.present")
+
+# Mamba-style graphs (a `cache_position` input) take the inputs of optimum-intel's
+# OVModelWithMambaForCausalLM: at decode steps these types get the attention mask of the full
+# context, the others (mamba, falcon_mamba, zamba2) the mask of the new tokens only.
+FULL_MASK_STATE_SPACE_TYPES = frozenset(
+    {"lfm2", "lfm2_moe", "granitemoehybrid", "qwen3_next", "qwen3_5_text", "qwen3_5_moe_text"}
+)
+
+
+def _past_name(present: str) -> str:
+    if present.startswith("cache_params.present"):
+        return present.replace("cache_params.present", "cache_params.past", 1)
+    return present.replace("present", "past_key_values", 1)
 
 
 def position_ids_from_mask(attention_mask: np.ndarray, new_tokens: int) -> np.ndarray:
@@ -23,20 +42,27 @@ class GraphSession:
 
     Args:
         compiled: an `openvino.CompiledModel` of an optimum-intel causal-LM graph.
+        model_type: the exported model type; needed for Mamba-style graphs, whose attention mask
+            at decode steps depends on it (see `FULL_MASK_STATE_SPACE_TYPES`).
     """
 
-    def __init__(self, compiled):
+    def __init__(self, compiled, *, model_type: str | None = None):
         self.compiled = compiled
         self.request = compiled.create_infer_request()
         self.inputs = {port.get_any_name(): port for port in compiled.inputs}
-        self.past_names = [n for n in self.inputs if n.startswith("past_key_values")]
-        self.present_names = [p.get_any_name() for p in compiled.outputs if p.get_any_name().startswith("present")]
+        self.past_names = [n for n in self.inputs if n.startswith(_PAST_PREFIXES)]
+        self.present_names = [p.get_any_name() for p in compiled.outputs if p.get_any_name().startswith(_PRESENT_PREFIXES)]
         self.stateful = not self.past_names
         unknown = set(self.inputs) - _KNOWN_INPUTS - set(self.past_names)
         if unknown:
             raise ValueError(f"graph inputs {sorted(unknown)} are not supported by this session")
         self._mask: np.ndarray | None = None
         self._past: dict[str, np.ndarray] = {}
+        # Mamba-style interface: `cache_position` instead of `position_ids`
+        self.state_space = "cache_position" in self.inputs
+        self.conv_kernel = self._conv_kernel() if self.state_space else None
+        self.full_mask_at_decode = not self.state_space or model_type in FULL_MASK_STATE_SPACE_TYPES
+        self._cache_position: np.ndarray | None = None
 
     def reset(self) -> None:
         """Forget the cache: the next call is a prefill."""
@@ -44,6 +70,30 @@ class GraphSession:
             self.request.reset_state()
         self._mask = None
         self._past = {}
+        self._cache_position = None
+
+    def _conv_kernel(self) -> int | None:
+        """The convolution window of a Mamba-style graph, read from its conv state's last axis."""
+        shapes = [self.inputs[n].get_partial_shape() for n in self.past_names if ".conv" in n]
+        shapes += [state.state.shape for state in self.request.query_state() if ".conv" in state.name]
+        for shape in shapes:
+            last = shape[len(shape) - 1]
+            if not hasattr(last, "is_static"):
+                return int(last)
+            if last.is_static:
+                return last.get_length()
+        return None
+
+    def _next_cache_position(self, new: int) -> np.ndarray:
+        """`cache_position` as OVModelWithMambaForCausalLM feeds it: the conv window at prefill, then +new."""
+        if self.conv_kernel is None:
+            positions = np.arange(self.cache_length, self.cache_length + new)
+        elif self._cache_position is None:
+            positions = np.arange(self.conv_kernel)
+        else:
+            positions = self._cache_position[-1:] + new
+        self._cache_position = positions.astype(np.int64)
+        return self._cache_position
 
     @property
     def cache_length(self) -> int:
@@ -63,7 +113,9 @@ class GraphSession:
         full_mask = step_mask if self._mask is None else np.concatenate([self._mask, step_mask], axis=1)
         feed = {"input_ids": input_ids}
         if "attention_mask" in self.inputs:
-            feed["attention_mask"] = full_mask
+            feed["attention_mask"] = full_mask if self.full_mask_at_decode or self._mask is None else step_mask
+        if "cache_position" in self.inputs:
+            feed["cache_position"] = self._next_cache_position(new)
         if "position_ids" in self.inputs:
             feed["position_ids"] = position_ids_from_mask(full_mask, new)
         if "beam_idx" in self.inputs:
@@ -74,7 +126,7 @@ class GraphSession:
         logits = self.request.get_tensor("logits").data.copy()
         if not self.stateful:
             self._past = {
-                name.replace("present", "past_key_values", 1): self.request.get_tensor(name).data.copy()
+                _past_name(name): self.request.get_tensor(name).data.copy()
                 for name in self.present_names
             }
         self._mask = full_mask

@@ -27,7 +27,7 @@ TINY_VOCAB = 512
 # Sizes shared by every tiny model. initializer_range=0.1 makes random logits decisive, so greedy
 # picks do not flip on rounding (see the project's known traps).
 _TINY = dict(
-    hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, intermediate_size=128,
+    hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16, intermediate_size=128,
     vocab_size=TINY_VOCAB, max_position_embeddings=512, initializer_range=0.1, tie_word_embeddings=False,
     bos_token_id=1, eos_token_id=2, pad_token_id=0,
 )
@@ -40,7 +40,8 @@ _OVERRIDES: dict[str, dict[str, Any]] = {
     "opt": dict(ffn_dim=128, word_embed_proj_dim=64, num_attention_heads=4),
     "falcon": dict(new_decoder_architecture=False, multi_query=True, alibi=False, num_kv_heads=1),
     "gpt_neox": dict(rotary_pct=0.5),
-    "phi": dict(partial_rotary_factor=0.5),
+    # optimum-intel's phi export config sizes the dummy cache with num_attention_heads (phi is multi-head)
+    "phi": dict(partial_rotary_factor=0.5, num_key_value_heads=4),
     "codegen": dict(n_embd=64, n_layer=2, n_head=4, n_positions=512, rotary_dim=8),
     "gptj": dict(n_embd=64, n_layer=2, n_head=4, n_positions=512, rotary_dim=8),
 }

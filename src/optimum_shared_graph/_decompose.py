@@ -258,8 +258,8 @@ def decompose(
             tried.append(f"{path} ({type(inner).__name__}) got {inner_err.captured} calls")
     retry = f"no inner model could be used instead ({'; '.join(tried)})" if tried else "it has no inner causal LM to retry on"
     raise DecompositionError(
-        f"{top}, and {retry}: make generate() call forward() once per token, export the inner causal LM on its "
-        "own, or use --fallback auto for optimum-intel's own partitioning",
+        f"{top}, and {retry}: make generate() call forward() once per token, or export the inner causal LM on "
+        "its own",
         architecture=top.architecture, expected=top.expected, captured=top.captured,
     )
 

@@ -69,7 +69,7 @@ def vision_language_reason(config: Any) -> str:
     return (
         f"{architecture} ({model_type}) is a vision-language model: its prefill writes image features "
         f"({inputs}) into the KV cache and decode steps never take them, so one decoder graph cannot serve both "
-        f"stages; use --fallback auto or --task {VLM_TASK} for optimum-intel's {VLM_TASK} export"
+        "stages"
     )
 
 

@@ -337,7 +337,12 @@ def _finish(raw: Path, final: Path, config, capture, reason, opts, model, quanti
     else:
         from ._validation import validate_graph
 
-        session_class = {}
+        from functools import partial
+
+        from ._session import GraphSession
+
+        exported_type = capture.exported.config.model_type if capture.module is not None else config.model_type
+        session_class = {"session_class": partial(GraphSession, model_type=exported_type)}
         if opts.is_static:
             from ._static import StaticSession
 

@@ -114,9 +114,16 @@ def run_export(
         static = resolve_static_shapes(config, opts)
     pt_model = _load_model(model, config, opts)
     capture, reason = _decompose(pt_model, model, opts, config)
-    if reason is not None and opts.fallback == "never":
-        raise DecompositionError(f"{reason} (--fallback never: nothing was written)")
     export_task = BASE_TASK if reason is None else _fallback.fallback_task(config)
+    if reason is not None and opts.fallback == "never":
+        raise DecompositionError(
+            f"{reason}; to export it anyway, use --fallback auto (or --task {export_task}) for optimum-intel's own partitioning "
+            "(--fallback never: nothing was written)"
+        )
+    if reason is not None and opts.is_static:  # before any warning or export work
+        raise DecompositionError(
+            f"{reason}; --shape-mode static needs the one shared graph, so it has no fallback: use --shape-mode dynamic"
+        )
     if reason is not None:
         _fallback.warn(reason, export_task)
 

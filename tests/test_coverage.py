@@ -1,0 +1,81 @@
+"""The architecture coverage sweep (`scripts/coverage.py`) on a representative subset of model types.
+
+CI runs this subset (`pytest -m coverage`); the full sweep over every supported model type writes
+`docs/architectures.md` (`PYTHONPATH=src python scripts/coverage.py`, about 30 minutes).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# One of each kind the sweep must keep exporting as one graph with parity: a type past optimum-intel's
+# transformers cap (gemma2), a type that needs a per-architecture test config (phi), a mixture of
+# experts (qwen3_moe), and a state-space model (conv and SSM states, no KV cache: mamba).
+SUBSET = ["gemma2", "phi", "qwen3_moe", "mamba"]
+
+
+def _coverage_module():
+    spec = importlib.util.spec_from_file_location("coverage_script", ROOT / "scripts" / "coverage.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.coverage
+@pytest.mark.timeout(600)
+def test_representative_subset_exports_with_parity(tmp_path):
+    table, raw = tmp_path / "architectures.md", tmp_path / "results.json"
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "coverage.py"), "--types", *SUBSET, "--jobs", "2",
+         "--output", str(table), "--results", str(raw)],
+        capture_output=True, text=True, timeout=580, cwd=ROOT,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    results = {r["model_type"]: r for r in json.loads(raw.read_text())}
+    assert set(results) == set(SUBSET)
+    for model_type, result in results.items():
+        assert result["status"] == "exported, parity", (model_type, result.get("reason"))
+        assert result["graphs"] == ["openvino_model.xml"] and result["partitioning"] == "shared"
+        assert result["ovmodel"] == "parity" and result["genai"] == "parity"
+    assert any(name.startswith("cache_params") or name == "cache_position" for name in results["mamba"]["inputs"])
+    text = table.read_text()
+    assert f"**{len(SUBSET)} model types exported as one graph with parity**" in text
+    for model_type in SUBSET:
+        assert f"| {model_type} | exported, parity |" in text
+
+
+def test_table_rows_say_why_a_type_failed():
+    """Each failure is one line in the table, with a reason; the counts add up."""
+    cov = _coverage_module()
+    results = [
+        {"model_type": "llama", "status": cov.PASS, "validation": {"status": "passed", "max_abs_diff_prefill": 1e-6,
+                                                                   "max_abs_diff_decode": 2e-6},
+         "ovmodel": "parity", "genai": "parity", "static": "parity", "inputs": ["input_ids"]},
+        {"model_type": "gemma", "status": cov.PASS, "validation": {"status": "passed", "max_abs_diff_prefill": 1e-6,
+                                                                   "max_abs_diff_decode": 2e-6},
+         "ovmodel": "parity", "genai": "parity", "static": "not available", "inputs": ["input_ids"],
+         "version_cap": "optimum-intel's GemmaOpenVINOConfig caps transformers at 5.0"},
+        {"model_type": "foo", "status": cov.REFUSED, "reason": "optimum-intel could not export foo:\nline two"},
+        {"model_type": "bar", "status": cov.NOT_BUILDABLE, "reason": "transformers has no configuration class"},
+    ]
+    text = cov.render(results, seconds=60, versions={"transformers": "x"}, python=sys.executable)
+    assert "**2 model types exported as one graph with parity**" in text
+    assert "Exported despite an optimum-intel transformers version cap" in text and "gemma" in text
+    rows = [line for line in text.splitlines() if line.startswith("| ") and not line.startswith("| model type")]
+    assert len(rows) == 4
+    assert "| foo | refused |" in text and "line two" in text and "\nline two" not in text
+
+
+def test_buildable_reason():
+    from optimum_shared_graph.testing import buildable_reason
+
+    assert buildable_reason("llama") is None
+    assert "configuration class" in buildable_reason("chatglm")

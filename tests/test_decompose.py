@@ -187,6 +187,14 @@ def test_wrapper_exports_its_inner_causal_lm(wrapper_model, tmp_path):
         enc = tok([prompt], return_tensors="pt")
         assert torch.equal(_greedy(pt, enc), _greedy(ov_model, enc)), prompt
 
+    import openvino_genai as ov_genai
+
+    pipe = ov_genai.LLMPipeline(str(out), "CPU", **EXACT)
+    config = ov_genai.GenerationConfig(max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, ignore_eos=True)
+    enc = tok([PROMPTS[1]], return_tensors="pt")
+    inputs = ov_genai.TokenizedInputs(ov.Tensor(enc["input_ids"].numpy()), ov.Tensor(enc["attention_mask"].numpy()))
+    assert list(pipe.generate(inputs, config).tokens[0]) == _greedy(pt, enc)[0, enc["input_ids"].shape[1]:].tolist()
+
 
 @pytest.fixture(scope="module")
 def decode_differs_model(tmp_path_factory):
@@ -212,3 +220,29 @@ def test_validation_checks_the_captured_decode_calls(decode_differs_model, tmp_p
     assert report["max_abs_diff_decode"] > report["tolerance"]  # the captured decode calls are not
     assert report["first_mismatch_step"] == 1  # the first decode step's pick
     assert not out.exists()
+
+
+def test_inner_model_under_an_architecture_specific_name(tiny_model):
+    """An inner causal LM under a name of the architecture's own is found among the sub-models that can generate."""
+    from transformers import AutoModelForCausalLM, LlamaModel
+
+    from optimum_shared_graph._decompose import decompose
+
+    class Backboned(torch.nn.Module):
+        def __init__(self, inner):
+            super().__init__()
+            self.model = LlamaModel(inner.config)  # a decoder, but no causal LM: rejected
+            self.backbone = inner
+            self.generation_config = inner.generation_config
+
+        def forward(self, *args, **kwargs):
+            return self.backbone(*args, **kwargs)
+
+        def generate(self, **kwargs):
+            return self.backbone.generate(**kwargs)
+
+    wrapper = Backboned(AutoModelForCausalLM.from_pretrained(tiny_model("llama")).eval())
+    ids = torch.tensor([[5, 17, 42]])
+    capture = decompose(wrapper, ids, torch.ones_like(ids), 4, exportable=lambda inner: None)
+    assert capture.module == "backbone" and capture.exported is wrapper.backbone
+    assert [c.past_length for c in capture.calls] == [0, 3, 4, 5]

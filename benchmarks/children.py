@@ -1,0 +1,77 @@
+"""Run a measured step in a child process: its wall time, its own peak memory, its JSON answer."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+SRC = HERE.parent / "src"
+
+
+def child_env() -> dict[str, str]:
+    """The environment of every child: the project's `src/` first on the path (its optimum-cli hook
+    imports from there), no telemetry, no progress bars in the children."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(SRC), env.get("PYTHONPATH", "")) if p)
+    env.setdefault("OPENVINO_TELEMETRY_OPTOUT", "1")
+    env["TQDM_DISABLE"] = "1"
+    env["HF_HUB_OFFLINE"] = "1"
+    env["TOKENIZERS_PARALLELISM"] = "false"
+    return env
+
+
+@dataclass
+class ChildResult:
+    returncode: int
+    wall_s: float
+    peak_rss_mb: float
+    stdout: str
+    stderr: str
+
+    def json(self) -> dict:
+        """The last line of stdout that parses as JSON."""
+        for line in reversed(self.stdout.strip().splitlines()):
+            if line.startswith("{"):
+                return json.loads(line)
+        raise ValueError(f"no JSON answer from the child; stderr tail:\n{self.stderr[-2000:]}")
+
+    def error_line(self) -> str:
+        for line in reversed(self.stderr.strip().splitlines()):
+            if line.strip() and not line.startswith((" ", "\t")) and "Warning" not in line:
+                return line.strip()[:300]
+        return f"exit code {self.returncode}"
+
+
+def run_child(args: list[str], *, timeout: float = 3600, log: Path | None = None) -> ChildResult:
+    """Run `args` and reap it with `os.wait4`, which gives this child's own peak RSS (ru_maxrss)."""
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        start = time.perf_counter()
+        proc = subprocess.Popen(args, stdout=out, stderr=err, text=True, env=child_env())
+        deadline = start + timeout
+        while True:
+            pid, status, rusage = os.wait4(proc.pid, os.WNOHANG)
+            if pid:
+                break
+            if time.perf_counter() > deadline:
+                proc.kill()
+            time.sleep(0.05)
+        wall = time.perf_counter() - start
+        proc.returncode = os.waitstatus_to_exitcode(status)  # so Popen does not wait for it again
+        out.seek(0)
+        err.seek(0)
+        stdout, stderr = out.read(), err.read()
+    if log is not None:
+        log.parent.mkdir(parents=True, exist_ok=True)
+        log.write_text(f"$ {' '.join(args)}\n--- stdout\n{stdout}\n--- stderr\n{stderr}\n")
+    return ChildResult(proc.returncode, wall, rusage.ru_maxrss / 1024, stdout, stderr)
+
+
+def python(script: str, *args: str) -> list[str]:
+    return [sys.executable, str(HERE / script), *args]

@@ -1,0 +1,397 @@
+"""Benchmark text-generation-shared side by side with the alternatives, in one run; write docs/benchmarks.md.
+
+Builds realistic random-init models from public configurations (no download), exports them in every
+layout, then measures each runtime in fresh child processes, round after round with the order rotated,
+so every layout sees the same machine noise. Every figure is a median over rounds (and runs per round).
+
+    python benchmarks/run.py                 # the full suite (issue 7), writes docs/benchmarks.md + .png
+    python benchmarks/run.py --suite issue2  # TTFT/TPOT/peak memory at 1,024 tokens, shared vs with-past
+    python benchmarks/run.py --quick         # a toy model, every layout, seconds; writes under --workdir
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import statistics
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent / "src"))
+
+import children  # noqa: E402
+import models  # noqa: E402
+import report  # noqa: E402
+
+
+# ---- what is measured -----------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Artifact:
+    """One exported layout on disk."""
+
+    key: str
+    label: str
+    graphs: tuple[str, ...]  # graph files (relative), what compile time compiles
+
+    def export_command(self, model_dir: Path, out: Path, weight_format: str, max_cache_len: int) -> list[str] | None:
+        cli = [shutil.which("optimum-cli") or "optimum-cli", "export", "openvino", "-m", str(model_dir)]
+        if self.key == "shared":
+            return cli + ["--task", "text-generation-shared", "--weight-format", weight_format, str(out)]
+        if self.key == "with-past":
+            return cli + ["--task", "text-generation-with-past", "--weight-format", weight_format, str(out)]
+        if self.key == "two-graph":
+            return children.python("twograph.py", str(model_dir), str(out), "--weight-format", weight_format)
+        if self.key.startswith("static-c"):
+            c = self.key.removeprefix("static-c")
+            return cli + ["--task", "text-generation-shared", "--weight-format", weight_format,
+                          "--shape-mode", "static", "--static-query-len", c, "--max-cache-len", str(max_cache_len),
+                          str(out)]
+        return None  # pytorch: the checkpoint itself
+
+
+ARTIFACTS = {a.key: a for a in [
+    Artifact("shared", "text-generation-shared", ("openvino_model.xml",)),
+    Artifact("with-past", "optimum-intel text-generation-with-past", ("openvino_model.xml",)),
+    Artifact("two-graph", "two-graph (prefill + decode graphs)", ("prefill/openvino_model.xml", "decode/openvino_model.xml")),
+    Artifact("static-c1", "text-generation-shared static C=1", ("openvino_model.xml",)),
+    Artifact("static-c16", "text-generation-shared static C=16", ("openvino_model.xml",)),
+    Artifact("pytorch", "PyTorch checkpoint", ()),
+]}
+
+
+@dataclass(frozen=True)
+class Row:
+    """One runtime on one artifact: a line of the generation table."""
+
+    key: str
+    label: str
+    artifact: str
+    runtime: str  # worker.py --runtime
+    max_prompt: int | None = None  # longer prompts are not run (a C=1 static prefill is one call per token)
+
+
+ROWS = {r.key: r for r in [
+    Row("shared-optimum", "text-generation-shared, OVModelForCausalLM", "shared", "optimum"),
+    Row("withpast-optimum", "text-generation-with-past, OVModelForCausalLM", "with-past", "optimum"),
+    Row("shared-runtime", "text-generation-shared, optimum_shared_graph.runtime()", "shared", "runtime"),
+    Row("shared-genai", "text-generation-shared, openvino_genai.LLMPipeline", "shared", "genai"),
+    Row("two-graph", "two-graph layout, prefill graph + decode graph", "two-graph", "twograph"),
+    Row("pytorch", "PyTorch eager generate() (fp32)", "pytorch", "torch"),
+    Row("static-c1", "static C=1, optimum_shared_graph.runtime()", "static-c1", "static", max_prompt=128),
+    Row("static-c16", "static C=16, optimum_shared_graph.runtime()", "static-c16", "static", max_prompt=128),
+]}
+
+
+@dataclass
+class Plan:
+    """What one model is put through."""
+
+    model: str
+    artifacts: list[str]
+    rows: list[str]
+    prompt_lens: list[int]
+
+
+# --quick: what a smoke test needs to cross every code path that matters, in about a minute.
+QUICK_ROWS = ["shared-optimum", "withpast-optimum", "shared-runtime", "shared-genai"]
+
+
+def plans(args) -> list[Plan]:
+    if args.quick:
+        rows = list(ROWS) if args.layouts == ["all"] else args.layouts or QUICK_ROWS
+        needed = list(dict.fromkeys(ROWS[r].artifact for r in rows))
+        return [Plan("qwen2-toy", needed, rows, [16, 64])]
+    if args.layouts:
+        rows = list(ROWS) if args.layouts == ["all"] else args.layouts
+        needed = list(dict.fromkeys(["shared", "with-past"] + [ROWS[r].artifact for r in rows]))
+        return [Plan(m, needed, rows, args.prompt_lens or [128, 1024, 2048]) for m in args.models or ["qwen2-0.5b"]]
+    if args.suite == "issue2":
+        return [Plan("qwen2-0.5b", ["shared", "with-past"], ["shared-optimum", "withpast-optimum"], [1024])]
+    return [
+        Plan("qwen2-0.5b", list(ARTIFACTS), list(ROWS), args.prompt_lens or [128, 1024, 2048]),
+        # The 1.1B model: the layout comparisons that scale with size, at one prompt length, to stay in budget.
+        Plan("tinyllama-1.1b", ["shared", "with-past", "two-graph", "pytorch"],
+             ["shared-optimum", "withpast-optimum", "shared-runtime", "shared-genai"], [1024]),
+    ]
+
+
+# ---- the run --------------------------------------------------------------------------------------
+
+@dataclass
+class Progress:
+    total: int
+    enabled: bool
+    bar: object = field(default=None)
+
+    def __post_init__(self):
+        if self.enabled:
+            from tqdm.auto import tqdm
+
+            self.bar = tqdm(total=self.total, unit="step", dynamic_ncols=True)
+
+    def step(self, text: str) -> None:
+        if self.bar is not None:
+            self.bar.set_description(text[:60])
+
+    def done(self) -> None:
+        if self.bar is not None:
+            self.bar.update(1)
+
+    def note(self, text: str) -> None:
+        if self.bar is not None:
+            self.bar.write(text)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+def graph_bytes(path: Path) -> int:
+    """Bytes of the decoder graph files (.xml + .bin), tokenizer graphs excluded."""
+    return sum(p.stat().st_size for p in path.rglob("openvino_model*") if p.suffix in (".xml", ".bin"))
+
+
+def checkpoint_bytes(path: Path) -> int:
+    return sum(p.stat().st_size for p in path.glob("*.safetensors"))
+
+
+def export_all(plan: Plan, model_dir: Path, work: Path, args, progress: Progress) -> dict:
+    out: dict[str, dict] = {}
+    positions = models.MODELS[plan.model]["max_position_embeddings"]
+    max_cache = min(positions, 2048 if not args.quick else 128)  # the SPEC's default cap
+    for key in plan.artifacts:
+        artifact = ARTIFACTS[key]
+        target = work / "artifacts" / plan.model / key
+        command = artifact.export_command(model_dir, target, args.weight_format, max_cache)
+        progress.step(f"{plan.model}: export {key}")
+        if command is None:
+            out[key] = {"path": str(model_dir), "bytes": checkpoint_bytes(model_dir)}
+            progress.done()
+            continue
+        samples = []
+        for rep in range(args.export_reps):
+            if target.exists():
+                shutil.rmtree(target)
+            res = children.run_child(command, log=work / "logs" / f"export-{plan.model}-{key}-{rep}.log")
+            if res.returncode != 0:
+                out[key] = {"skipped": res.error_line()}
+                progress.note(f"{plan.model}: {key} export skipped: {res.error_line()}")
+                break
+            samples.append({"wall_s": res.wall_s, "peak_rss_mb": res.peak_rss_mb})
+        if samples:
+            out[key] = {"path": str(target), "bytes": graph_bytes(target),
+                        "export_wall_s": statistics.median(s["wall_s"] for s in samples),
+                        "export_peak_mb": statistics.median(s["peak_rss_mb"] for s in samples),
+                        "export_samples": samples}
+        progress.done()
+    return out
+
+
+def compile_all(plan: Plan, exports: dict, work: Path, args, progress: Progress) -> None:
+    keys = [k for k in plan.artifacts if ARTIFACTS[k].graphs and "skipped" not in exports[k]]
+    samples: dict[str, list] = {k: [] for k in keys}
+    for rnd in range(args.rounds):
+        for key in keys[rnd % len(keys):] + keys[:rnd % len(keys)]:
+            progress.step(f"{plan.model}: compile {key} ({rnd + 1}/{args.rounds})")
+            xmls = [str(Path(exports[key]["path"]) / g) for g in ARTIFACTS[key].graphs]
+            res = children.run_child(children.python("compile_time.py", *xmls),
+                                     log=work / "logs" / f"compile-{plan.model}-{key}-{rnd}.log")
+            if res.returncode == 0:
+                samples[key].append({"compile_s": res.json()["compile_s"], "peak_rss_mb": res.peak_rss_mb})
+            progress.done()
+    for key in keys:
+        if samples[key]:
+            exports[key]["compile_s"] = statistics.median(s["compile_s"] for s in samples[key])
+            exports[key]["compile_peak_mb"] = statistics.median(s["peak_rss_mb"] for s in samples[key])
+            exports[key]["compile_samples"] = samples[key]
+
+
+def generate_all(plan: Plan, exports: dict, work: Path, args, progress: Progress) -> dict:
+    vocab = models.MODELS[plan.model]["vocab_size"]
+    rows = [r for r in plan.rows if "skipped" not in exports.get(ROWS[r].artifact, {"skipped": "not exported"})]
+    results: dict[str, dict] = {r: {"rounds": []} for r in plan.rows}
+    for r in plan.rows:
+        if r not in rows:
+            results[r]["skipped"] = exports.get(ROWS[r].artifact, {}).get("skipped", "artifact not exported")
+    for rnd in range(args.rounds):
+        order = rows[rnd % len(rows):] + rows[:rnd % len(rows)] if rows else []
+        for key in order:
+            row = ROWS[key]
+            progress.step(f"{plan.model}: generate {key} ({rnd + 1}/{args.rounds})")
+            if "skipped" in results[key]:
+                progress.done()
+                continue
+            load_before = os.getloadavg()[0]
+            res = children.run_child(
+                children.python("worker.py", "--runtime", row.runtime, "--path", exports[row.artifact]["path"],
+                                "--prompt-lens", *map(str, row_lens(row, plan)), "--reps", str(args.reps),
+                                "--new-tokens", str(args.new_tokens), "--vocab", str(vocab), "--seed", str(rnd)),
+                log=work / "logs" / f"generate-{plan.model}-{key}-{rnd}.log",
+            )
+            if res.returncode != 0:
+                results[key]["skipped"] = f"failed: {res.error_line()}"
+                progress.note(f"{plan.model}: {key} failed: {res.error_line()}")
+            else:
+                answer = res.json()
+                if "skipped" in answer:
+                    results[key]["skipped"] = answer["skipped"]
+                    progress.note(f"{plan.model}: {key} skipped: {answer['skipped']}")
+                else:
+                    answer["child_peak_rss_mb"] = res.peak_rss_mb
+                    answer["loadavg_1m_before"] = load_before
+                    results[key]["rounds"].append(answer)
+            progress.done()
+    for key, res in results.items():
+        if res["rounds"]:
+            res.update(summarize(res["rounds"], row_lens(ROWS[key], plan)))
+    return results
+
+
+def row_lens(row: Row, plan: Plan) -> list[int]:
+    lens = [n for n in plan.prompt_lens if row.max_prompt is None or n <= row.max_prompt]
+    return lens or [min(plan.prompt_lens)]
+
+
+def summarize(rounds: list[dict], prompt_lens: list[int]) -> dict:
+    med = statistics.median
+    out: dict = {"ttft_s": {}, "tpot_s": {}, "gen_peak_mb": {}, "n_samples": {}}
+    for n in prompt_lens:
+        k = str(n)
+        ttft = [t for r in rounds for t in r["ttft_s"][k]]
+        tpot = [t for r in rounds for t in r["tpot_s"][k]]
+        out["ttft_s"][k] = med(ttft)
+        out["tpot_s"][k] = med(tpot) if tpot else None
+        out["gen_peak_mb"][k] = med(r["gen_peak_mb"][k] for r in rounds)
+        out["n_samples"][k] = len(ttft)
+    out["load_s"] = med(r["load_s"] for r in rounds)
+    out["peak_rss_mb"] = med(r["child_peak_rss_mb"] for r in rounds)
+    out["rss_after_load_mb"] = med(r["rss_after_load_mb"] for r in rounds)
+    return out
+
+
+def machine() -> dict:
+    import subprocess
+
+    info: dict = {"nproc": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version()}
+    try:
+        lscpu = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
+        for line in lscpu.splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() in ("Model name", "CPU(s)", "Thread(s) per core", "L3 cache", "Hypervisor vendor"):
+                info[key.strip()] = value.strip()
+        flags = next((ln for ln in lscpu.splitlines() if ln.startswith("Flags")), "")
+        info["isa"] = [f for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "avx512_vnni") if f in flags.split()]
+    except OSError:
+        pass
+    mem = Path("/proc/meminfo").read_text().splitlines()[0].split()
+    info["ram_gb"] = round(int(mem[1]) / 2**20, 1)
+    return info
+
+
+def versions() -> dict:
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = {}
+    for name in ("openvino", "openvino-genai", "openvino-tokenizers", "optimum-intel", "optimum", "transformers",
+                 "torch", "nncf", "numpy", "optimum-shared-graph"):
+        try:
+            out[name] = version(name)
+        except PackageNotFoundError:
+            out[name] = None
+    import subprocess
+
+    git = subprocess.run(["git", "-C", str(HERE.parent), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    out["optimum-shared-graph commit"] = git.stdout.strip() or None
+    return out
+
+
+def parse_args(argv: list[str] | None):
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=__doc__.split("\n\n", 1)[1],
+    )
+    parser.add_argument("--suite", choices=("full", "issue2"), default="full",
+                        help="full: every layout, two models (issue 7); issue2: shared vs with-past at 1,024 tokens")
+    parser.add_argument("--quick", action="store_true", help="smoke test: a toy model, every layout, seconds")
+    parser.add_argument("--layouts", nargs="+", default=None, choices=["all", *ROWS],
+                        help="only these layout rows (and the artifacts they need), on --models")
+    parser.add_argument("--models", nargs="+", default=None, choices=list(models.MODELS), help="with --layouts")
+    parser.add_argument("--prompt-lens", type=int, nargs="+", default=None, help="prompt lengths (full suite)")
+    parser.add_argument("--rounds", type=int, default=None,
+                        help="fresh processes per layout, interleaved (default: 3; 5 for issue2; 2 with --quick)")
+    parser.add_argument("--reps", type=int, default=1, help="timed generations per prompt length per process")
+    parser.add_argument("--new-tokens", type=int, default=None, help="tokens per generation (default 32; 8 --quick)")
+    parser.add_argument("--export-reps", type=int, default=1, help="exports per artifact (export time median)")
+    parser.add_argument("--weight-format", default="fp16", choices=("fp16", "fp32"),
+                        help="the same for every OpenVINO layout (default fp16)")
+    parser.add_argument("--model-dtype", default="float16", choices=("float16", "float32", "bfloat16"),
+                        help="dtype of the saved random-init checkpoints (default float16, like real ones)")
+    parser.add_argument("--workdir", type=Path, default=HERE / "results", help="models, artifacts, logs, JSON")
+    parser.add_argument("--docs-dir", type=Path, default=None,
+                        help="where benchmarks.md and the plot go (default: docs/; with --quick: WORKDIR/quick)")
+    parser.add_argument("--no-bandwidth", action="store_true", help="skip the memory-bandwidth measurement")
+    parser.add_argument("--quiet", action="store_true", help="no progress output")
+    args = parser.parse_args(argv)
+    if args.rounds is None:
+        args.rounds = 2 if args.quick else 5 if args.suite == "issue2" else 3
+    if args.new_tokens is None:
+        args.new_tokens = 8 if args.quick else 32
+    if args.quick:
+        args.workdir = args.workdir / "quick"
+    if args.docs_dir is None:
+        args.docs_dir = args.workdir if args.quick else HERE.parent / "docs"
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    work: Path = args.workdir.absolute()
+    work.mkdir(parents=True, exist_ok=True)
+    started = time.time()
+    todo = plans(args)
+    total = sum(1 + len(p.artifacts) + args.rounds * (len([a for a in p.artifacts if ARTIFACTS[a].graphs])
+                                                       + len(p.rows)) for p in todo) + 1
+    progress = Progress(total, enabled=not args.quiet and sys.stderr.isatty())
+    results: dict = {"suite": "quick" if args.quick else args.suite, "machine": machine(), "versions": versions(),
+                     "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+                     "command": "python benchmarks/run.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+                     "models": {}, "loadavg_start": os.getloadavg()}
+    try:
+        for plan in todo:
+            progress.step(f"{plan.model}: build")
+            model_dir = models.build(plan.model, work / "models" / plan.model, dtype=args.model_dtype)
+            progress.done()
+            exports = export_all(plan, model_dir, work, args, progress)
+            compile_all(plan, exports, work, args, progress)
+            generation = generate_all(plan, exports, work, args, progress)
+            results["models"][plan.model] = {
+                "plan": asdict(plan), "shape": models.describe(plan.model),
+                "parameters": models.parameter_count(plan.model), "artifacts": exports, "generation": generation,
+            }
+        progress.step("memory bandwidth")
+        if not args.no_bandwidth:
+            res = children.run_child(children.python("bandwidth.py", "256" if args.quick else "1024"))
+            results["bandwidth"] = res.json() if res.returncode == 0 else {"skipped": res.error_line()}
+        progress.done()
+    finally:
+        progress.close()
+    results["wall_s"] = time.time() - started
+    results["loadavg_end"] = os.getloadavg()
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    (work / f"results-{results['suite']}-{stamp}.json").write_text(json.dumps(results, indent=1))
+    md = report.write(results, args.docs_dir)
+    if not args.quiet:
+        print(f"wrote {md} ({results['wall_s'] / 60:.1f} min)", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,62 @@
+"""The benchmark script runs end to end (`--quick`: a toy model, the main layouts) and writes its report."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+RUN = ROOT / "benchmarks" / "run.py"
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT / "src"), env.get("PYTHONPATH", "")) if p)
+    return env
+
+
+def test_help_lists_the_modes():
+    proc = subprocess.run([sys.executable, str(RUN), "--help"], capture_output=True, text=True, env=_env(), timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    for flag in ("--quick", "--suite", "--quiet", "--rounds", "--weight-format"):
+        assert flag in proc.stdout
+
+
+@pytest.mark.timeout(300)
+def test_quick_run_end_to_end(tmp_path):
+    docs = tmp_path / "docs"
+    proc = subprocess.run(
+        [sys.executable, str(RUN), "--quick", "--quiet", "--workdir", str(tmp_path), "--docs-dir", str(docs)],
+        capture_output=True, text=True, env=_env(), timeout=290,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+
+    (result_file,) = (tmp_path / "quick").glob("results-quick-*.json")
+    results = json.loads(result_file.read_text())
+    model = results["models"]["qwen2-toy"]
+    for key in ("shared", "with-past"):
+        artifact = model["artifacts"][key]
+        assert artifact["bytes"] > 0 and artifact["export_wall_s"] > 0 and artifact["compile_s"] > 0
+    # One graph's weights: the shared artifact is no larger than optimum-intel's (SPEC section 3).
+    assert model["artifacts"]["shared"]["bytes"] <= 1.02 * model["artifacts"]["with-past"]["bytes"]
+    generation = model["generation"]
+    for key in ("shared-optimum", "withpast-optimum", "shared-genai"):
+        row = generation[key]
+        assert row["rounds"], row.get("skipped")
+        for n in ("16", "64"):
+            assert row["ttft_s"][n] > 0 and row["tpot_s"][n] > 0 and row["gen_peak_mb"][n] > 0
+    # The layouts compute the same thing: greedy tokens agree on the decisive toy model.
+    reference = generation["withpast-optimum"]["rounds"][0]["tokens"]
+    assert generation["shared-optimum"]["rounds"][0]["tokens"] == reference
+    assert generation["shared-genai"]["rounds"][0]["tokens"] == reference
+    assert results["bandwidth"]["read_gb_s"] > 0
+
+    text = (docs / "benchmarks.md").read_text()
+    assert "text-generation-shared against text-generation-with-past" in text
+    assert "time to first token" in text and "Memory-bandwidth bound" in text
+    assert (docs / "benchmarks.png").stat().st_size > 0

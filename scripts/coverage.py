@@ -16,7 +16,8 @@ Usage (from the repository root):
     PYTHONPATH=src python scripts/coverage.py --types llama gemma2 --output /tmp/cov.md
     PYTHONPATH=src /tmp/venv457/bin/python scripts/coverage.py --output /tmp/cov-457.md
 
-`--jobs` runs that many model types at once (default 2), `--timeout` bounds each one (seconds).
+`--jobs` runs that many model types at once (default 2), `--timeout` bounds each one (seconds),
+`--no-static` skips the static export (for quick comparisons, e.g. between transformers versions).
 The representative subset CI runs is `tests/test_coverage.py` (`pytest -m coverage`).
 """
 
@@ -120,7 +121,8 @@ def _compare(name: str, ref, scores, ours, prompt_len: int) -> str | None:
     return f"{name}: token {step} differs (PyTorch {ref_new[step]}, OpenVINO {ours_new[step] if step < len(ours_new) else '-'}); {_near_tie(scores, step)}"
 
 
-def _check_runtimes(model_dir: Path, out: Path, result: dict) -> None:
+def _check_runtimes(model_dir: Path, out: Path, result: dict) -> list:
+    """Greedy parity of the dynamic artifact through OVModelForCausalLM and GenAI; returns PyTorch's references."""
     import openvino as ov
     import torch
     from optimum.intel import OVModelForCausalLM
@@ -163,6 +165,7 @@ def _check_runtimes(model_dir: Path, out: Path, result: dict) -> None:
         del pipe
     except Exception as err:  # noqa: BLE001
         result["genai"] = f"GenAI failed: {type(err).__name__}: {_first_line(err)}"
+    return refs
 
 
 def _validation_flip_evidence(model_dir: Path, reason: str) -> str:
@@ -186,7 +189,7 @@ def _validation_flip_evidence(model_dir: Path, reason: str) -> str:
     return _near_tie(out.scores, step)
 
 
-def run_one(model_type: str, workdir: Path) -> dict:
+def run_one(model_type: str, workdir: Path, *, static: bool = True) -> dict:
     """Build, export and check one model type; return its result row as a dict."""
     import transformers
 
@@ -229,8 +232,8 @@ def run_one(model_type: str, workdir: Path) -> dict:
     result["version_cap"] = "; ".join(n for n in manifest.get("model", {}).get("notes", []) if "caps transformers" in n)
     result["states"] = manifest.get("graph", {}).get("states")
     result["inputs"] = [i["name"] for i in manifest.get("graph", {}).get("inputs", [])]
-    _check_runtimes(model_dir, out, result)
-    result["static"] = _static(model_dir, workdir)
+    refs = _check_runtimes(model_dir, out, result)
+    result["static"] = _static(model_dir, workdir, refs) if static else "not run (--no-static)"
 
     one_graph = manifest.get("partitioning") == "shared" and graphs == ["openvino_model.xml"]
     ok = one_graph and validation.get("status") == "passed" and result["ovmodel"] == "parity" and result["genai"] == "parity"
@@ -246,11 +249,15 @@ def run_one(model_type: str, workdir: Path) -> dict:
     return result
 
 
-def _static(model_dir: Path, workdir: Path) -> str:
-    """Static export with C = 1, checked by its export validation; 'not available' without the flag."""
+def _static(model_dir: Path, workdir: Path, refs: list) -> str:
+    """Static export with C = 1: its export validation, then greedy parity through `optimum_shared_graph.runtime()`.
+
+    'not available' when the installed version has no `--shape-mode static`.
+    """
     out = workdir / "static"
     code, stderr = _cli(["export", "openvino", "-m", str(model_dir), "--task", "text-generation-shared",
-                         "--shape-mode", "static", "--static-query-len", "1", "--max-cache-len", "128", str(out)])
+                         "--shape-mode", "static", "--static-query-len", "1", "--max-cache-len", "128",
+                         "--disable-convert-tokenizer", str(out)])
     if code != 0:
         line = _error_line(stderr)
         if "not implemented" in line or "invalid choice" in line or "unrecognized arguments" in line:
@@ -258,7 +265,20 @@ def _static(model_dir: Path, workdir: Path) -> str:
         return f"refused: {line}"
     manifest = json.loads((out / "shared_graph.json").read_text())
     status = manifest.get("validation", {}).get("status")
-    return "parity" if status == "passed" else f"validation {status}"
+    if status != "passed":
+        return f"validation {status}"
+    try:
+        import optimum_shared_graph as osg
+
+        model = osg.runtime(out, ov_config=EXACT)
+        for enc, ref, scores in refs:
+            seq = model.generate(**enc, max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, do_sample=False, pad_token_id=0)
+            problem = _compare("runtime()", ref, scores, seq[0, enc["input_ids"].shape[1]:], enc["input_ids"].shape[1])
+            if problem:
+                return problem
+    except Exception as err:  # noqa: BLE001
+        return f"runtime() failed: {type(err).__name__}: {_first_line(err)}"
+    return "parity"
 
 
 # ----------------------------------------------------------------------------------------------
@@ -266,11 +286,11 @@ def _static(model_dir: Path, workdir: Path) -> str:
 # ----------------------------------------------------------------------------------------------
 
 
-def _run_subprocess(model_type: str, timeout: int, python: str) -> dict:
+def _run_subprocess(model_type: str, timeout: int, python: str, static: bool) -> dict:
     with tempfile.TemporaryDirectory(prefix=f"osg-cov-{model_type}-") as tmp:
         result_file = Path(tmp) / "result.json"
         cmd = ["nice", "-n", "10", python, str(Path(__file__).resolve()), "--one", model_type,
-               "--workdir", tmp, "--result", str(result_file)]
+               "--workdir", tmp, "--result", str(result_file)] + ([] if static else ["--no-static"])
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT / "src"), os.environ.get("PYTHONPATH")])),
                    TOKENIZERS_PARALLELISM="false", OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
         env.pop("OPTIMUM_SHARED_GRAPH_DEBUG", None)
@@ -310,7 +330,8 @@ def render(results: list[dict], *, seconds: float, versions: dict, python: str) 
         "  the graph on the prefill and every decode step: max |logits difference| and 16 greedy tokens);",
         f"- **OVModelForCausalLM**, **GenAI**: greedy generation of {NEW_TOKENS} tokens on {len(PROMPTS)} prompts, token for",
         "  token equal to PyTorch (`LLMPipeline` and `OVModelForCausalLM` with f32 inference precision);",
-        "- **static**: `--shape-mode static --static-query-len 1`, checked by its export validation.",
+        "- **static**: `--shape-mode static --static-query-len 1 --max-cache-len 128`: its export validation, then the",
+        "  same greedy check through `optimum_shared_graph.runtime()`.",
         "",
         "A greedy difference is reported with PyTorch's own top-2 logit margin at that step, to tell a rounding",
         "near-tie from a real error. Checks are never loosened for a model type.",
@@ -364,6 +385,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--results", help="also write the raw results as JSON here")
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--timeout", type=int, default=420, help="seconds per model type")
+    parser.add_argument("--no-static", dest="static", action="store_false", help="skip the static export")
     parser.add_argument("--one", help=argparse.SUPPRESS)
     parser.add_argument("--workdir", help=argparse.SUPPRESS)
     parser.add_argument("--result", help=argparse.SUPPRESS)
@@ -371,7 +393,7 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.one:
         try:
-            result = run_one(args.one, Path(args.workdir))
+            result = run_one(args.one, Path(args.workdir), static=args.static)
         except Exception as err:  # noqa: BLE001
             result = {"model_type": args.one, "status": REFUSED, "reason": f"coverage worker error: {type(err).__name__}: {_first_line(err)}"}
         Path(args.result).write_text(json.dumps(result, indent=1, default=str))
@@ -383,7 +405,7 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.monotonic()
     results = []
     with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
-        for result in pool.map(lambda t: _run_subprocess(t, args.timeout, sys.executable), types):
+        for result in pool.map(lambda t: _run_subprocess(t, args.timeout, sys.executable, args.static), types):
             results.append(result)
             print(f"{result['model_type']:28s} {result['status']:18s} {result.get('seconds', '')!s:>6} "
                   f"{result.get('reason', '')[:150]}", flush=True)

@@ -61,7 +61,8 @@ def build_tokenizer(out_dir: str | Path) -> Any:
     )
     tok.train_from_iterator(CORPUS * 4, trainer)
     fast = PreTrainedTokenizerFast(
-        tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>", padding_side="left"
+        tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>", padding_side="left",
+        model_input_names=["input_ids", "attention_mask"],  # no token_type_ids: decoders reject them in generate()
     )
     fast.save_pretrained(str(out_dir))
     return fast

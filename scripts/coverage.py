@@ -311,7 +311,23 @@ def _cell(text: str | None) -> str:
     return (text or "").replace("|", "\\|").replace("\n", " ")
 
 
-def render(results: list[dict], *, seconds: float, versions: dict, python: str) -> str:
+def _comparison(results: list[dict], others: list[list[dict]]) -> list[str]:
+    """The "choosing the transformers range" section: parity counts per transformers version."""
+    runs = [results] + others
+    passed = [{r["model_type"] for r in run if r["status"] == PASS} for run in runs]
+    version = [next((r.get("transformers") for r in run if r.get("transformers")), "?") for run in runs]
+    lines = ["", "## Choosing the transformers range", "",
+             f"The same sweep (dynamic export, OVModelForCausalLM and GenAI parity) under each transformers version tried:", "",
+             "| transformers | exported as one graph with parity | only under this version |", "|---|---|---|"]
+    for i, run in enumerate(runs):
+        only = sorted(passed[i] - set().union(*(p for j, p in enumerate(passed) if j != i)))
+        lines.append(f"| {version[i]}{' (this table)' if i == 0 else ''} | {len(passed[i])} of {len(run)} | "
+                     f"{', '.join(only) or '-'} |")
+    return lines
+
+
+def render(results: list[dict], *, seconds: float, versions: dict, python: str,
+           compare: list[list[dict]] | None = None) -> str:
     order = {PASS: 0, PARTIAL: 1, REFUSED: 2, NOT_BUILDABLE: 3}
     rows = sorted(results, key=lambda r: (order.get(r["status"], 9), r["model_type"]))
     counts = {s: sum(r["status"] == s for r in results) for s in order}
@@ -338,7 +354,9 @@ def render(results: list[dict], *, seconds: float, versions: dict, python: str) 
         "",
         f"Run: transformers {versions.get('transformers')}, optimum-intel {versions.get('optimum-intel')}, "
         f"openvino {versions.get('openvino')}, openvino-genai {versions.get('openvino-genai')}, torch {versions.get('torch')}; "
-        f"{platform.machine()}, {os.cpu_count()} CPUs, {seconds / 60:.1f} minutes.",
+        f"{platform.machine()}, {os.cpu_count()} CPUs, {seconds / 60:.1f} minutes. "
+        f"The package requires `{_pinned_transformers()}` (pyproject.toml), chosen from this table: see "
+        "[Choosing the transformers range](#choosing-the-transformers-range).",
         "",
         f"**{counts[PASS]} model types exported as one graph with parity** (PyTorch, OVModelForCausalLM and GenAI), "
         f"{counts[PARTIAL]} exported with a runtime difference, {counts[REFUSED]} refused, "
@@ -362,8 +380,16 @@ def render(results: list[dict], *, seconds: float, versions: dict, python: str) 
             note = (note + "; " if note else "") + r["version_cap"]
         lines.append(f"| {r['model_type']} | {r['status']} | {export} | {_cell(r.get('ovmodel', '-'))} | "
                      f"{_cell(r.get('genai', '-'))} | {_cell(r.get('static', '-'))} | {_cell(note)} |")
+    if compare:
+        lines += _comparison(results, compare)
     lines.append("")
     return "\n".join(lines)
+
+
+def _pinned_transformers() -> str | None:
+    """The transformers requirement in pyproject.toml's dependencies."""
+    match = re.search(r'"(transformers[^"]*)"', (ROOT / "pyproject.toml").read_text())
+    return match.group(1) if match else None
 
 
 def _versions() -> dict:
@@ -385,6 +411,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--results", help="also write the raw results as JSON here")
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--timeout", type=int, default=420, help="seconds per model type")
+    parser.add_argument("--compare", nargs="*", default=[],
+                        help="results JSON of sweeps under other transformers versions, for the range section")
+    parser.add_argument("--render-only", help="render the table from this results JSON instead of running")
     parser.add_argument("--no-static", dest="static", action="store_false", help="skip the static export")
     parser.add_argument("--one", help=argparse.SUPPRESS)
     parser.add_argument("--workdir", help=argparse.SUPPRESS)
@@ -401,19 +430,29 @@ def main(argv: list[str] | None = None) -> int:
 
     from optimum_shared_graph import supported_model_types
 
-    types = args.types or supported_model_types()
-    t0 = time.monotonic()
-    results = []
-    with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
-        for result in pool.map(lambda t: _run_subprocess(t, args.timeout, sys.executable, args.static), types):
-            results.append(result)
-            print(f"{result['model_type']:28s} {result['status']:18s} {result.get('seconds', '')!s:>6} "
-                  f"{result.get('reason', '')[:150]}", flush=True)
-    seconds = time.monotonic() - t0
+    compare = [json.loads(Path(f).read_text()) for f in args.compare]
+    if args.render_only:
+        data = json.loads(Path(args.render_only).read_text())
+        if isinstance(data, list):
+            data = {"results": data}
+        results, seconds, versions = data["results"], data.get("seconds", 0.0), data.get("versions") or _versions()
+    else:
+        types = args.types or supported_model_types()
+        t0 = time.monotonic()
+        results = []
+        with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
+            for result in pool.map(lambda t: _run_subprocess(t, args.timeout, sys.executable, args.static), types):
+                results.append(result)
+                print(f"{result['model_type']:28s} {result['status']:18s} {result.get('seconds', '')!s:>6} "
+                      f"{result.get('reason', '')[:150]}", flush=True)
+        seconds, versions = time.monotonic() - t0, _versions()
+    compare = [c["results"] if isinstance(c, dict) else c for c in compare]
     Path(args.output).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.output).write_text(render(results, seconds=seconds, versions=_versions(), python=sys.executable))
+    Path(args.output).write_text(render(results, seconds=seconds, versions=versions, python=sys.executable,
+                                        compare=compare))
     if args.results:
-        Path(args.results).write_text(json.dumps(results, indent=1, default=str))
+        Path(args.results).write_text(json.dumps({"seconds": seconds, "versions": _versions(), "results": results},
+                                                 indent=1, default=str))
     print(f"{sum(r['status'] == PASS for r in results)}/{len(results)} exported with parity in {seconds / 60:.1f} min "
           f"-> {args.output}")
     return 0

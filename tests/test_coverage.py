@@ -39,7 +39,7 @@ def test_representative_subset_exports_with_parity(tmp_path):
         capture_output=True, text=True, timeout=580, cwd=ROOT,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    results = {r["model_type"]: r for r in json.loads(raw.read_text())}
+    results = {r["model_type"]: r for r in json.loads(raw.read_text())["results"]}
     assert set(results) == set(SUBSET)
     for model_type, result in results.items():
         assert result["status"] == "exported, parity", (model_type, result.get("reason"))

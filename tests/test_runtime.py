@@ -1,0 +1,287 @@
+"""`runtime()`: provider discovery and the generation guard, artifact checks, and the OpenVINO provider's `generate()`."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import shutil
+
+import pytest
+import torch
+
+from conftest import EXACT, PROMPTS
+
+import optimum_shared_graph as osg
+from optimum_shared_graph import ManifestError, RuntimeSelectionError, read_manifest
+from optimum_shared_graph import _runtime
+from optimum_shared_graph._runtime_openvino import OpenVINOProvider
+
+NEW_TOKENS = 12
+
+
+# ------------------------------------------------------------------------ providers (fake entry points)
+
+
+class _EntryPoint:
+    """Stands in for `importlib.metadata.EntryPoint`, counting loads (as pluggy's tests do)."""
+
+    def __init__(self, name, plugin, dist_name="fake-provider", version="1.0"):
+        self.name, self.group, self.plugin, self.loads = name, _runtime.GROUP, plugin, 0
+        self.dist = type("Dist", (), {"metadata": {"Name": dist_name}, "version": version})()
+
+    def load(self):
+        self.loads += 1
+        return self.plugin
+
+
+class _Recorder:
+    def __init__(self, *capabilities):
+        self.capabilities = frozenset(capabilities)
+        self.loaded = []
+
+    def load(self, path, manifest, *, device, **options):
+        self.loaded.append((path, device, options))
+        return ("loaded by", self)
+
+
+@pytest.fixture
+def fake_providers(monkeypatch):
+    """Replace the entry points of our group with the given fakes, and start from an empty registry."""
+    registry = _runtime.ProviderRegistry()
+    monkeypatch.setattr(_runtime, "_REGISTRY", registry)
+    eps: list[_EntryPoint] = []
+    real = importlib.metadata.entry_points
+
+    def entry_points(**kwargs):
+        if kwargs.get("group") == _runtime.GROUP:
+            return list(eps)
+        return real(**kwargs)
+
+    monkeypatch.setattr(importlib.metadata, "entry_points", entry_points)
+    return eps
+
+
+def test_builtin_provider_is_registered_by_the_package_entry_point():
+    eps = importlib.metadata.entry_points(group=_runtime.GROUP)
+    assert "openvino" in {ep.name for ep in eps}
+    provider = {p.name: p for p in osg._runtime.installed_providers()}["openvino"]
+    assert isinstance(provider.plugin, OpenVINOProvider)
+    assert {"generation", "static", "stateless", "logits-all"} <= provider.capabilities
+    assert provider.distribution and provider.distribution.startswith("optimum-shared-graph")
+
+
+def test_provider_without_generation_is_refused(fake_providers, dynamic_artifact):
+    not_generating = _Recorder("static", "stateless", "logits-all")
+    fake_providers.append(_EntryPoint("embedder", not_generating, dist_name="embed-only"))
+    with pytest.raises(RuntimeSelectionError) as info:
+        osg.runtime(dynamic_artifact())
+    message = str(info.value)
+    assert "\n" not in message
+    assert "none offers generation" in message
+    assert "embedder from embed-only 1.0" in message  # the installed providers are listed, with their distribution
+    assert not_generating.loaded == []
+
+
+def test_capable_provider_is_chosen(fake_providers, dynamic_artifact):
+    weak = _Recorder("static")
+    strong = _Recorder("generation", "static", "stateless", "logits-all")
+    fake_providers += [_EntryPoint("a-weak", weak), _EntryPoint("b-strong", strong)]
+    result = osg.runtime(dynamic_artifact(), device="GPU", ov_config={"X": "1"})
+    assert result == ("loaded by", strong)
+    assert strong.loaded[0][1:] == ("GPU", {"ov_config": {"X": "1"}})
+    assert weak.loaded == []
+
+
+def test_missing_capability_is_named(fake_providers, dynamic_artifact):
+    fake_providers.append(_EntryPoint("plain", _Recorder("generation")))
+    with pytest.raises(RuntimeSelectionError, match=r"none offers logits-all \(installed: plain"):
+        osg.runtime(dynamic_artifact("all"))
+    fake_providers.clear()
+    _runtime._REGISTRY = _runtime.ProviderRegistry()  # a fresh process: nothing registered yet
+    with pytest.raises(RuntimeSelectionError, match="no runtime provider is installed"):
+        osg.runtime(dynamic_artifact())
+
+
+def test_entry_points_load_lazily_and_once(fake_providers, dynamic_artifact):
+    ep = _EntryPoint("only", _Recorder("generation"))
+    fake_providers.append(ep)
+    assert ep.loads == 0  # nothing is loaded before the first runtime() call
+    osg.runtime(dynamic_artifact())
+    osg.runtime(dynamic_artifact())
+    _runtime._REGISTRY.load_entry_points()
+    assert ep.loads == 1
+
+
+def test_provider_by_name_and_invalid_providers(fake_providers, dynamic_artifact):
+    fake_providers += [_EntryPoint("one", _Recorder("generation")), _EntryPoint("two", _Recorder("generation"))]
+    assert osg.runtime(dynamic_artifact(), provider="two")[1] is fake_providers[1].plugin
+    with pytest.raises(RuntimeSelectionError, match="no runtime provider named 'three'"):
+        osg.runtime(dynamic_artifact(), provider="three")
+    fake_providers.append(_EntryPoint("broken", object(), dist_name="broken-dist"))
+    with pytest.raises(RuntimeSelectionError, match=r"'broken' \(from broken-dist 1.0\) must declare `capabilities`"):
+        osg.runtime(dynamic_artifact())
+
+
+# ------------------------------------------------------------------------------------- artifacts
+
+
+@pytest.fixture(scope="module")
+def dynamic_artifact(tiny_model, tmp_path_factory):
+    """`dynamic_artifact(logits, stateful)` -> a llama dynamic artifact (exported once per module)."""
+    done = {}
+    root = tmp_path_factory.mktemp("runtime-artifacts")
+
+    def get(logits: str = "last", stateful: bool = True):
+        if (logits, stateful) not in done:
+            out = root / f"llama-{logits}-{'stateful' if stateful else 'stateless'}"
+            osg.export(str(tiny_model("llama")), out, logits=logits, stateful=stateful)
+            done[(logits, stateful)] = out
+        return done[(logits, stateful)]
+
+    return get
+
+
+@pytest.fixture
+def artifact_copy(dynamic_artifact, tmp_path):
+    target = tmp_path / "copy"
+    shutil.copytree(dynamic_artifact(), target)
+    return target
+
+
+def _refused(path, match):
+    with pytest.raises(ManifestError, match=match) as info:
+        osg.runtime(path)
+    assert "\n" not in str(info.value)
+
+
+def test_tampered_bin_is_refused(artifact_copy):
+    with open(artifact_copy / "openvino_model.bin", "r+b") as fh:
+        fh.seek(100)
+        byte = fh.read(1)
+        fh.seek(100)
+        fh.write(bytes([byte[0] ^ 0xFF]))
+    _refused(artifact_copy, "openvino_model.bin does not match the sha256")
+
+
+def test_missing_manifest_is_refused(artifact_copy, tmp_path):
+    (artifact_copy / "shared_graph.json").unlink()
+    _refused(artifact_copy, "no shared_graph.json in")
+    _refused(tmp_path / "nowhere", "does not exist")
+
+
+def test_newer_schema_is_refused(artifact_copy):
+    path = artifact_copy / "shared_graph.json"
+    data = json.loads(path.read_text())
+    data["schema_version"] = 99
+    path.write_text(json.dumps(data))
+    _refused(artifact_copy, "schema_version 99, newer than .*upgrade optimum-shared-graph")
+
+
+def test_file_outside_the_artifact_is_refused(artifact_copy):
+    path = artifact_copy / "shared_graph.json"
+    data = json.loads(path.read_text())
+    (artifact_copy.parent / "x.xml").write_text("<net/>")
+    data["files"]["../x.xml"] = "0" * 64
+    path.write_text(json.dumps(data))
+    _refused(artifact_copy, r"names '../x.xml', outside the artifact directory")
+
+
+def test_corrupt_manifest_is_refused(artifact_copy):
+    (artifact_copy / "shared_graph.json").write_text("{not json")
+    _refused(artifact_copy, "is not valid JSON")
+
+
+# ------------------------------------------------------------------------------ generate() API
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_model):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = tiny_model("llama")
+    return AutoModelForCausalLM.from_pretrained(path).eval(), AutoTokenizer.from_pretrained(path)
+
+
+def _kwargs(**extra):
+    return dict(max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, pad_token_id=0, **extra)
+
+
+def test_greedy_batch_and_beam_search_match_pytorch(dynamic_artifact, reference):
+    pt, tok = reference
+    model = osg.runtime(dynamic_artifact(), ov_config=EXACT)
+    assert model.manifest.logits == "last"
+    for prompt in PROMPTS:
+        enc = tok([prompt], return_tensors="pt")
+        assert torch.equal(pt.generate(**enc, **_kwargs(do_sample=False)), model.generate(**enc, **_kwargs(do_sample=False)))
+        beams = _kwargs(do_sample=False, num_beams=4)
+        assert torch.equal(pt.generate(**enc, **beams), model.generate(**enc, **beams)), prompt
+    enc = tok(PROMPTS[:2], return_tensors="pt", padding=True)
+    assert torch.equal(pt.generate(**enc, **_kwargs(do_sample=False)), model.generate(**enc, **_kwargs(do_sample=False)))
+
+
+def test_sampling_streamer_and_pipeline(dynamic_artifact, reference):
+    from transformers import pipeline
+    from transformers.generation.streamers import BaseStreamer
+
+    pt, tok = reference
+    model = osg.runtime(dynamic_artifact(), ov_config=EXACT)
+    enc = tok([PROMPTS[1]], return_tensors="pt")
+    greedy = pt.generate(**enc, **_kwargs(do_sample=False))
+    torch.manual_seed(0)
+    sampled = model.generate(**enc, **_kwargs(do_sample=True, temperature=0.8, top_k=20))
+    assert sampled.shape == greedy.shape and int(sampled.max()) < tok.vocab_size + 3
+    assert torch.equal(model.generate(**enc, **_kwargs(do_sample=True, top_k=1)), greedy)
+
+    class Collect(BaseStreamer):
+        def __init__(self):
+            self.chunks = []
+
+        def put(self, value):
+            self.chunks.append(value.reshape(-1).tolist())
+
+        def end(self):
+            self.chunks.append("end")
+
+    streamer = Collect()
+    out = model.generate(**enc, streamer=streamer, **_kwargs(do_sample=False))
+    streamed = [t for chunk in streamer.chunks[1:-1] for t in chunk]
+    assert streamer.chunks[-1] == "end" and streamed == out[0, enc["input_ids"].shape[1]:].tolist()
+
+    ours = pipeline("text-generation", model=model, tokenizer=tok)(PROMPTS[1], **_kwargs(do_sample=False))
+    theirs = pipeline("text-generation", model=pt, tokenizer=tok)(PROMPTS[1], **_kwargs(do_sample=False))
+    assert ours[0]["generated_text"] == theirs[0]["generated_text"]
+
+
+@pytest.mark.parametrize("stateful", [True, False])
+def test_assisted_decoding_matches_pytorch_greedy(stateful, dynamic_artifact, reference, tiny_model):
+    """A smaller draft model proposes; rejected candidates are trimmed from the KV cache."""
+    from transformers import AutoModelForCausalLM
+
+    pt, tok = reference
+    draft = AutoModelForCausalLM.from_pretrained(tiny_model("llama", num_hidden_layers=1)).eval()
+    model = osg.runtime(dynamic_artifact("all", stateful), ov_config=EXACT)
+    for prompt in PROMPTS:
+        enc = tok([prompt], return_tensors="pt")
+        ref = pt.generate(**enc, **_kwargs(do_sample=False))
+        drafted = draft.generate(**enc, **_kwargs(do_sample=False))
+        assert not torch.equal(ref, drafted)  # the draft is wrong sometimes, so candidates are rejected
+        assert torch.equal(model.generate(**enc, assistant_model=draft, **_kwargs(do_sample=False)), ref), prompt
+        # the target as its own draft: every candidate accepted, several positions verified per call
+        assert torch.equal(model.generate(**enc, assistant_model=pt, **_kwargs(do_sample=False)), ref), prompt
+
+
+def test_assisted_decoding_on_logits_last_is_refused(dynamic_artifact, reference, tiny_model):
+    from transformers import AutoModelForCausalLM
+
+    pt, tok = reference
+    model = osg.runtime(dynamic_artifact(), ov_config=EXACT)
+    enc = tok([PROMPTS[0]], return_tensors="pt")
+    with pytest.raises(RuntimeSelectionError, match="export it with --logits all") as info:
+        model.generate(**enc, assistant_model=pt, max_new_tokens=4)
+    assert "\n" not in str(info.value)
+
+
+def test_runtime_reads_the_manifest(dynamic_artifact):
+    model = osg.runtime(dynamic_artifact())
+    assert model.manifest == read_manifest(dynamic_artifact())
+    assert model.stateful and not model.is_static

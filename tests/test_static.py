@@ -1,0 +1,218 @@
+"""`--shape-mode static`: one fully static graph, C query slots per call, a fixed KV capacity written in place."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from conftest import EXACT, error_line, run_cli, tree_snapshot
+
+import optimum_shared_graph as osg
+from optimum_shared_graph import DecompositionError, InvalidOptionsError, RuntimeSelectionError, read_manifest
+
+NEW_TOKENS = 12
+CAPACITY = 64
+# (C, stateful): the anchors C = 1 and C = 8, each with the KV cache as state and as graph inputs.
+VARIANTS = [(1, True), (1, False), (8, True), (8, False)]
+# Token counts shorter than C, equal to C and longer than C (for C = 8), plus a prompt of several chunks.
+PROMPT_LENGTHS = [3, 8, 13, 21]
+
+
+@pytest.fixture(scope="module")
+def static_artifact(tiny_model, tmp_path_factory):
+    """`static_artifact(C, stateful)` -> a llama static artifact with batch 2 (exported once per module)."""
+    done = {}
+    root = tmp_path_factory.mktemp("static")
+
+    def get(query_len: int, stateful: bool):
+        key = (query_len, stateful)
+        if key not in done:
+            out = root / f"c{query_len}-{'stateful' if stateful else 'stateless'}"
+            osg.export(str(tiny_model("llama")), out, shape_mode="static", max_cache_len=CAPACITY,
+                       static_batch_size=2, static_query_len=query_len, stateful=stateful)
+            done[key] = out
+        return done[key]
+
+    return get
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_model):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = tiny_model("llama")
+    return AutoModelForCausalLM.from_pretrained(path).eval(), AutoTokenizer.from_pretrained(path)
+
+
+def _prompt(length: int, offset: int = 0) -> torch.Tensor:
+    generator = torch.Generator().manual_seed(length + 100 * offset)
+    return torch.randint(3, 500, (1, length), generator=generator)
+
+
+def _greedy(model, input_ids, attention_mask, new_tokens=NEW_TOKENS):
+    return model.generate(input_ids=input_ids, attention_mask=attention_mask, max_new_tokens=new_tokens,
+                          min_new_tokens=new_tokens, do_sample=False, pad_token_id=0)
+
+
+@pytest.mark.parametrize("query_len,stateful", VARIANTS)
+def test_static_graph_and_greedy_parity(query_len, stateful, static_artifact, reference):
+    import openvino as ov
+
+    out = static_artifact(query_len, stateful)
+    manifest = read_manifest(out)
+    assert manifest.shape_mode == "static" and manifest.partitioning == "shared"
+    assert manifest.static == {"batch_size": 2, "query_len": query_len, "cache_len": CAPACITY}
+    assert "static" in manifest.requires and "generation" in manifest.requires
+    assert ("stateless" in manifest.requires) == (not stateful) and manifest.stateful == stateful
+    assert manifest.validation["status"] == "passed" and manifest.validation["greedy_match"]
+    graph = ov.Core().read_model(out / "openvino_model.xml")
+    assert not graph.is_dynamic()
+    assert graph.input("input_ids").get_partial_shape().to_shape() == [2, query_len]
+    assert graph.output("logits").get_partial_shape().to_shape() == [2, 1, 512]
+    assert len(graph.get_sinks()) == (4 if stateful else 0)
+    assert sorted(p.name for p in out.glob("*.xml") if "tokenizer" not in p.name) == ["openvino_model.xml"]
+
+    pt, _ = reference
+    model = osg.runtime(out, ov_config=EXACT)
+    for length in PROMPT_LENGTHS:  # batch 1 (the unused row of the static batch repeats row 0)
+        ids = _prompt(length)
+        mask = torch.ones_like(ids)
+        assert torch.equal(_greedy(pt, ids, mask), _greedy(model, ids, mask)), length
+    # a left-padded batch of 2
+    ids = torch.cat([torch.cat([torch.zeros(1, 6, dtype=torch.long), _prompt(5, 1)], 1), _prompt(11, 2)])
+    mask = (torch.arange(11) >= torch.tensor([[6], [0]])).long()
+    assert torch.equal(_greedy(pt, ids, mask), _greedy(model, ids, mask))
+
+
+def test_capacity_is_used_to_the_last_slot(static_artifact, reference):
+    """A prompt plus new tokens exactly at the capacity works (the window slides back near the end)."""
+    pt, _ = reference
+    model = osg.runtime(static_artifact(8, True), ov_config=EXACT)
+    ids = _prompt(CAPACITY - 9, 3)
+    mask = torch.ones_like(ids)
+    assert torch.equal(_greedy(pt, ids, mask, 9), _greedy(model, ids, mask, 9))
+
+
+def test_prompt_too_long_is_refused_before_inference(static_artifact):
+    model = osg.runtime(static_artifact(8, True), ov_config=EXACT)
+    session = model.static_session
+    session.reset()
+    ids = _prompt(60)
+    with pytest.raises(RuntimeSelectionError, match=r"exceed this static artifact's KV capacity of 64") as info:
+        model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=5)
+    assert "\n" not in str(info.value) and "--max-cache-len 65" in str(info.value)
+    assert session.filled == 0  # nothing ran
+    with pytest.raises(RuntimeSelectionError, match="batch of 3 sequences"):
+        ids = _prompt(4).repeat(3, 1)
+        model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=5)
+
+
+def test_sampling_and_beam_search_on_a_static_artifact(static_artifact, reference):
+    """Beam search with 2 beams fills the static batch of 2; sampling with top_k=1 is greedy."""
+    pt, _ = reference
+    model = osg.runtime(static_artifact(8, False), ov_config=EXACT)
+    ids = _prompt(10, 4)
+    mask = torch.ones_like(ids)
+    kwargs = dict(max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, pad_token_id=0)
+    assert torch.equal(pt.generate(input_ids=ids, attention_mask=mask, num_beams=2, do_sample=False, **kwargs),
+                       model.generate(input_ids=ids, attention_mask=mask, num_beams=2, do_sample=False, **kwargs))
+    sampled = model.generate(input_ids=ids, attention_mask=mask, do_sample=True, top_k=1, **kwargs)
+    assert torch.equal(sampled, _greedy(pt, ids, mask))
+
+
+def test_ovmodelforcausallm_never_gives_wrong_output_on_static(static_artifact):
+    """optimum-intel's class does not run static graphs: it must fail, not answer."""
+    from optimum.intel import OVModelForCausalLM
+
+    for stateful in (True, False):
+        ids = _prompt(5)
+        with pytest.raises(Exception):
+            model = OVModelForCausalLM.from_pretrained(static_artifact(8, stateful), ov_config=EXACT)
+            model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=4)
+
+
+def test_cli_static_defaults(tiny_model, tmp_path):
+    out = tmp_path / "static-cli"
+    proc = run_cli("export", "openvino", "-m", str(tiny_model("llama")), "--task", "text-generation-shared",
+                   "--shape-mode", "static", "--max-cache-len", "48", str(out), check=True)
+    assert "static" in proc.stderr
+    data = json.loads((out / "shared_graph.json").read_text())
+    assert data["shape_mode"] == "static" and data["static"] == {"batch_size": 1, "query_len": 1, "cache_len": 48}
+    assert data["requires"] == ["generation", "static"]
+    assert data["validation"]["status"] == "passed"
+
+
+@pytest.mark.parametrize("flags,expected", [
+    (["--max-cache-len", "0"], "--max-cache-len must be at least 1"),
+    (["--max-cache-len", "4096"], "exceeds the model's maximum of 512 positions"),
+    (["--max-cache-len", "16", "--static-query-len", "32"], "--static-query-len (32) cannot exceed"),
+    (["--static-batch-size", "0"], "--static-batch-size must be at least 1"),
+    (["--static-query-len", "600"], "cannot exceed the KV capacity (512)"),
+])
+def test_cli_bad_static_options(flags, expected, tiny_model, tmp_path):
+    out = tmp_path / "out"
+    before = tree_snapshot(out)  # None: nothing there, and nothing may appear
+    proc = run_cli("export", "openvino", "-m", str(tiny_model("llama")), "--task", "text-generation-shared",
+                   "--shape-mode", "static", *flags, str(out))
+    assert proc.returncode != 0
+    assert expected in error_line(proc)
+    assert tree_snapshot(out) == before
+
+
+def test_static_options_checked_before_any_export_work(tiny_model, tmp_path, monkeypatch):
+    import optimum_shared_graph._export as export_module
+
+    def no_model(*args, **kwargs):
+        raise AssertionError("the model was loaded before the static options were checked")
+
+    monkeypatch.setattr(export_module, "_load_model", no_model)
+    with pytest.raises(InvalidOptionsError, match="maximum of 512 positions"):
+        osg.export(str(tiny_model("llama")), tmp_path / "x", shape_mode="static", max_cache_len=1000)
+    assert not (tmp_path / "x").exists()
+
+
+# ---------------------------------------------------------------- SPEC section 4, step 3
+
+_PREFILL_ONLY_MODELING = '''
+import torch
+from transformers import LlamaForCausalLM
+
+
+class PrefillPrefixForCausalLM(LlamaForCausalLM):
+    """A llama whose prefill also takes `prefix_embeds` (like image features) that decode steps never take."""
+
+    def forward(self, input_ids=None, attention_mask=None, position_ids=None, past_key_values=None,
+                inputs_embeds=None, use_cache=None, logits_to_keep=0, prefix_embeds=None, **kwargs):
+        if prefix_embeds is not None:
+            inputs_embeds = self.get_input_embeddings()(input_ids)
+            inputs_embeds[:, : prefix_embeds.shape[1]] += prefix_embeds
+            input_ids = None
+        return super().forward(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                               past_key_values=past_key_values, inputs_embeds=inputs_embeds, use_cache=use_cache,
+                               logits_to_keep=logits_to_keep, **kwargs)
+
+    def prepare_inputs_for_generation(self, input_ids, is_first_iteration=False, **kwargs):
+        inputs = super().prepare_inputs_for_generation(input_ids, is_first_iteration=is_first_iteration, **kwargs)
+        if is_first_iteration:
+            inputs["prefix_embeds"] = torch.zeros(input_ids.shape[0], 1, self.config.hidden_size)
+        return inputs
+'''
+
+
+def test_prefill_only_inputs_need_a_separate_prefill_graph(tiny_model, tmp_path):
+    """A model whose prefill writes inputs that decode never takes is refused, nothing written."""
+    import shutil
+
+    path = tmp_path / "prefill-prefix"
+    shutil.copytree(tiny_model("llama"), path)
+    (path / "modeling_prefill_prefix.py").write_text(_PREFILL_ONLY_MODELING)
+    config = json.loads((path / "config.json").read_text())
+    config["auto_map"] = {"AutoModelForCausalLM": "modeling_prefill_prefix.PrefillPrefixForCausalLM"}
+    (path / "config.json").write_text(json.dumps(config))
+    out = tmp_path / "out"
+    with pytest.raises(DecompositionError, match="needs a separate prefill graph: its prefill takes prefix_embeds") as info:
+        osg.export(str(path), out, trust_remote_code=True)
+    assert "\n" not in str(info.value)
+    assert not out.exists()

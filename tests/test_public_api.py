@@ -7,8 +7,8 @@ def test_all():
     assert sorted(optimum_shared_graph.__all__) == sorted([
         "TASK", "DecompositionError", "ExportOptions", "ExportValidationError", "InvalidOptionsError", "Manifest",
         "ManifestError", "ModelNotSupportedError", "RuntimeSelectionError", "SharedGraphError", "export",
-        "read_manifest", "register", "supported_model_types",
-    ] + (["runtime"] if hasattr(optimum_shared_graph, "runtime") else []))
+        "read_manifest", "register", "runtime", "supported_model_types",
+    ])
 
 
 def test_error_tree():

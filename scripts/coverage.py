@@ -232,8 +232,12 @@ def run_one(model_type: str, workdir: Path, *, static: bool = True) -> dict:
     result["version_cap"] = "; ".join(n for n in manifest.get("model", {}).get("notes", []) if "caps transformers" in n)
     result["states"] = manifest.get("graph", {}).get("states")
     result["inputs"] = [i["name"] for i in manifest.get("graph", {}).get("inputs", [])]
+    t0 = time.monotonic()
     refs = _check_runtimes(model_dir, out, result)
+    result["runtimes_seconds"] = round(time.monotonic() - t0, 1)
+    t0 = time.monotonic()
     result["static"] = _static(model_dir, workdir, refs) if static else "not run (--no-static)"
+    result["static_seconds"] = round(time.monotonic() - t0, 1)
 
     one_graph = manifest.get("partitioning") == "shared" and graphs == ["openvino_model.xml"]
     ok = one_graph and validation.get("status") == "passed" and result["ovmodel"] == "parity" and result["genai"] == "parity"
@@ -287,6 +291,13 @@ def _static(model_dir: Path, workdir: Path, refs: list) -> str:
 
 
 def _run_subprocess(model_type: str, timeout: int, python: str, static: bool) -> dict:
+    import transformers
+
+    from optimum_shared_graph.testing import buildable_reason
+
+    why = buildable_reason(model_type)
+    if why:  # no subprocess needed to say so
+        return {"model_type": model_type, "transformers": transformers.__version__, "status": NOT_BUILDABLE, "reason": why}
     with tempfile.TemporaryDirectory(prefix=f"osg-cov-{model_type}-") as tmp:
         result_file = Path(tmp) / "result.json"
         cmd = ["nice", "-n", "10", python, str(Path(__file__).resolve()), "--one", model_type,

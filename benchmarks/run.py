@@ -339,6 +339,8 @@ def parse_args(argv: list[str] | None):
                         help="where benchmarks.md and the plot go (default: docs/; with --quick: WORKDIR/quick)")
     parser.add_argument("--no-bandwidth", action="store_true", help="skip the memory-bandwidth measurement")
     parser.add_argument("--quiet", action="store_true", help="no progress output")
+    parser.add_argument("--report-only", type=Path, default=None, metavar="RESULTS.json",
+                        help="measure nothing: rewrite the docs from a results file an earlier run saved")
     args = parser.parse_args(argv)
     if args.rounds is None:
         args.rounds = 2 if args.quick else 5 if args.suite == "issue2" else 3
@@ -353,6 +355,10 @@ def parse_args(argv: list[str] | None):
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.report_only:
+        md = report.write(json.loads(args.report_only.read_text()), args.docs_dir)
+        print(f"wrote {md} from {args.report_only}", file=sys.stderr)
+        return 0
     work: Path = args.workdir.absolute()
     work.mkdir(parents=True, exist_ok=True)
     started = time.time()

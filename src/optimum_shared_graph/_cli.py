@@ -19,6 +19,7 @@ _FLAGS = {
     "logits": "--logits",
     "fallback": "--fallback",
     "skip_validation": "--skip-validation",
+    "calibration_decode_steps": "--calibration-decode-steps",
 }
 
 
@@ -42,6 +43,10 @@ def add_arguments(parser) -> None:
                        help="auto (default): use optimum-intel's partitioning when decomposition fails; never: fail.")
     group.add_argument("--skip-validation", action="store_true", default=None,
                        help="Do not check the exported graph against the PyTorch model.")
+    group.add_argument("--calibration-decode-steps", type=int, default=None, metavar="N",
+                       help="Data-aware quantization: decode calls calibrated after each text's prefill, with the "
+                            "real KV cache (default 4; 0: prefill only). --dataset may also be a local text file, "
+                            "one sample per line.")
 
 
 def options_from_args(args) -> ExportOptions:
@@ -71,12 +76,16 @@ def run(command, original_run) -> None:
         # optimum-intel's own command does the export and quantization, so every one of its flags
         # keeps its meaning; it sees the with-past task so the graph is stateful and the
         # quantization reload uses the cache (or image-text-to-text, for a VLM's fallback).
-        saved = (args.model, args.output, args.task)
+        # a local --dataset text file reaches optimum-intel as its list of lines
+        from ._calibration import resolve_dataset
+
+        saved = (args.model, args.output, args.task, args.dataset)
         args.model, args.output, args.task = model_path, output, task
+        args.dataset = resolve_dataset(args.dataset)
         try:
             original_run(command)
         finally:
-            args.model, args.output, args.task = saved
+            args.model, args.output, args.task, args.dataset = saved
 
     try:
         options = options_from_args(args)

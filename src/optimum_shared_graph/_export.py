@@ -10,6 +10,7 @@ import warnings
 from pathlib import Path
 from typing import Any, Callable
 
+from ._calibration import CalibrationReport, both_stage_quantization, resolve_config_dataset
 from ._decompose import DEFAULT_PROMPT, Capture, check_one_graph_serves_both, decompose, save_exported_model
 from . import _fallback
 from ._errors import DecompositionError, ExportValidationError, ModelNotSupportedError, SharedGraphError
@@ -58,7 +59,7 @@ def _api_raw_export(opts: ExportOptions) -> RawExport:
         from optimum.exporters.openvino.__main__ import _main_quantize, main_export
         from optimum.intel.openvino.configuration import _DEFAULT_4BIT_WQ_CONFIG, OVConfig
 
-        quantization_config = opts.quantization_config
+        quantization_config = resolve_config_dataset(opts.quantization_config)  # a local text file: its lines
         if quantization_config is None and opts.weight_format not in (None, "fp16", "fp32"):
             if opts.weight_format == "int4":
                 quantization_config = dict(_DEFAULT_4BIT_WQ_CONFIG)
@@ -131,6 +132,7 @@ def run_export(
     staging = Path(tempfile.mkdtemp(prefix=f".{output.name}.", suffix=".partial", dir=output.parent))
     try:
         raw = staging / "raw"
+        calibration = CalibrationReport()  # filled when data-aware quantization calibrates
         final = staging / "final"
         source = model
         if capture is not None and capture.module is not None:  # the inner causal LM generate() drives
@@ -141,7 +143,8 @@ def run_export(
                 # past optimum-intel's transformers cap only when validation will guard the graph
                 # (a fallback is not validated: no captured calls to check it against)
                 with lifted_cap(cap_type, BASE_TASK, validating=not opts.skip_validation and reason is None) as lifted:
-                    raw_export(source, raw)
+                    with both_stage_quantization(opts.calibration_decode_steps, calibration):
+                        raw_export(source, raw)
                 if lifted is not None and capture is not None:
                     capture.notes.append(lifted.note)
             else:  # optimum-intel's own partitioning for a vision-language model
@@ -160,7 +163,7 @@ def run_export(
             capture = write_static_graph(pt_model, raw, static, opts, capture=capture, reason=reason,
                                          weight_format=(quantization or {}).get("weight_format") or opts.weight_format)
         try:
-            manifest = _finish(raw, final, config, capture, reason, opts, model, quantization)
+            manifest = _finish(raw, final, config, capture, reason, opts, model, quantization, calibration)
         except ExportValidationError as err:
             if export_task == BASE_TASK and lifted is not None:
                 raise ExportValidationError(f"{err}; {lifted.refusal}", report=err.report) from err
@@ -292,7 +295,7 @@ def _exported_module(capture) -> dict:
             "exported_architecture": type(inner).__name__}
 
 
-def _finish(raw: Path, final: Path, config, capture, reason, opts, model, quantization) -> Manifest:
+def _finish(raw: Path, final: Path, config, capture, reason, opts, model, quantization, calibration=None) -> Manifest:
     import openvino as ov
 
     if reason is not None:
@@ -336,7 +339,9 @@ def _finish(raw: Path, final: Path, config, capture, reason, opts, model, quanti
             "weight_format": weight_format or "fp32",
             "quant_mode": quant_mode,
             "dataset": (quantization or {}).get("dataset"),
-            "calibration_samples": {"prefill": 0, "decode": 0},
+            "calibration_samples": calibration.counts() if calibration else {"prefill": 0, "decode": 0},
+            **({"calibration_decode_steps": calibration.decode_steps, "calibration_graph": calibration.graph}
+               if calibration and calibration.graph else {}),
         },
     )
     if reason is not None or opts.skip_validation or capture is None:

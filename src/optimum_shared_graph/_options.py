@@ -53,6 +53,10 @@ class ExportOptions:
         validation_new_tokens: greedy tokens compared at export; 16 covers the prefill and well
             over the 3 decode steps the contract asks for.
         validation_prompt: the text validated on; `None` uses a fixed built-in sentence.
+        calibration_decode_steps: data-aware quantization only. Decode calls gathered after each
+            calibration text's prefill, with the real KV cache (0: prefill calls only, optimum-intel's
+            behaviour). 4 keeps gathering cheap (one cache per text) while the set holds four decode
+            calls for every prefill call.
     """
 
     shape_mode: str = "dynamic"
@@ -69,6 +73,7 @@ class ExportOptions:
     convert_tokenizer: bool = True
     validation_new_tokens: int = 16
     validation_prompt: str | None = None
+    calibration_decode_steps: int = 4
 
     def __post_init__(self) -> None:
         _choice("--shape-mode", self.shape_mode, SHAPE_MODES)
@@ -97,6 +102,10 @@ class ExportOptions:
             raise InvalidOptionsError(
                 f"--static-query-len ({self.static_query_len}) cannot exceed --max-cache-len "
                 f"({self.max_cache_len}): lower the query length or raise the capacity"
+            )
+        if self.calibration_decode_steps < 0:
+            raise InvalidOptionsError(
+                f"--calibration-decode-steps must be 0 or more, got {self.calibration_decode_steps}"
             )
         if self.validation_new_tokens < 4:
             raise InvalidOptionsError(

@@ -520,26 +520,22 @@ class StaticSession:
             input_ids = np.concatenate([input_ids, np.repeat(input_ids[:1], extra, axis=0)])
             mask = np.concatenate([mask, np.repeat(mask[:1], extra, axis=0)])
         start, end = self.filled, self.filled + n
-        self.tokens[:, start:end] = input_ids
-        self.mask[:, start:end] = mask
         C, cap = self.query_len, self.capacity
         outputs = []
         s = start
         while s < end:
             e = min(s + C, end)
             w = min(s, cap - C)
-            window_mask = self.mask[:, w : w + C].copy()
-            window_mask[:, e - w :] = 0
-            full_mask = self.mask.copy()
-            full_mask[:, e:] = 0
-            ids = self.tokens[:, w : w + C].copy()
-            ids[:, e - w :] = self.pad_token_id
-            positions = np.cumsum(full_mask, axis=1) - 1
-            positions = np.where(full_mask == 0, 1, positions)[:, w : w + C]
+            # Slots from e on are never written yet (or were cleared by crop): pad tokens, mask 0.
+            self.tokens[:, s:e] = input_ids[:, s - start : e - start]
+            self.mask[:, s:e] = mask[:, s - start : e - start]
+            positions = np.cumsum(self.mask[:, : w + C], axis=1) - 1
+            positions = np.where(self.mask[:, : w + C] == 0, 1, positions)[:, w:]
             positions[:, e - w :] = positions[:, e - w - 1 : e - w] + 1  # masked slots: any valid position
-            feed = {"input_ids": ids, "attention_mask": full_mask, "cache_position": np.arange(w, w + C, dtype=np.int64)}
+            feed = {"input_ids": np.ascontiguousarray(self.tokens[:, w : w + C]), "attention_mask": self.mask,
+                    "cache_position": np.arange(w, w + C, dtype=np.int64)}
             if "position_ids" in self.inputs:
-                feed["position_ids"] = positions.astype(np.int64)
+                feed["position_ids"] = np.ascontiguousarray(positions)
             if "beam_idx" in self.inputs:
                 beam = self._beam_idx if self._beam_idx is not None else np.arange(self.batch_size)
                 feed["beam_idx"] = beam.astype(np.int32)

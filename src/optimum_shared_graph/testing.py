@@ -42,6 +42,10 @@ _OVERRIDES: dict[str, dict[str, Any]] = {
     "gpt_neox": dict(rotary_pct=0.5),
     # optimum-intel's phi export config sizes the dummy cache with num_attention_heads (phi is multi-head)
     "phi": dict(partial_rotary_factor=0.5, num_key_value_heads=4),
+    # transformers 5.5's DbrxAttentionConfig has no rope_theta default: give the nested configs explicitly
+    "dbrx": dict(d_model=64, n_heads=4, n_layers=2, max_seq_len=512,
+                 attn_config={"kv_n_heads": 2, "rope_theta": 10000.0},
+                 ffn_config={"ffn_hidden_size": 128, "moe_num_experts": 4, "moe_top_k": 2}),
     "codegen": dict(n_embd=64, n_layer=2, n_head=4, n_positions=512, rotary_dim=8),
     "gptj": dict(n_embd=64, n_layer=2, n_head=4, n_positions=512, rotary_dim=8),
 }

@@ -73,5 +73,13 @@ def run_child(args: list[str], *, timeout: float = 3600, log: Path | None = None
     return ChildResult(proc.returncode, wall, rusage.ru_maxrss / 1024, stdout, stderr)
 
 
+def own_rss_mb() -> float:
+    """This process's resident memory now: the floor of every child's ru_maxrss (it is counted before exec)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
 def python(script: str, *args: str) -> list[str]:
     return [sys.executable, str(HERE / script), *args]

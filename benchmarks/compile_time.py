@@ -17,7 +17,9 @@ def main(argv: list[str]) -> int:
     start = time.perf_counter()
     compiled = [core.compile_model(xml, "CPU") for xml in argv]
     elapsed = time.perf_counter() - start
-    print(json.dumps({"compile_s": elapsed, "graphs": len(compiled)}))
+    # VmHWM: this process image's own peak (ru_maxrss would include the parent's size before exec).
+    hwm = next(int(ln.split()[1]) for ln in open("/proc/self/status") if ln.startswith("VmHWM:")) / 1024
+    print(json.dumps({"compile_s": elapsed, "graphs": len(compiled), "peak_mb": hwm}))
     return 0
 
 

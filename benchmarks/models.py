@@ -118,3 +118,21 @@ def parameter_count(name: str) -> int:
     layer = attn + 3 * h * i + 2 * h
     emb = v * h * (1 if c["tie_word_embeddings"] else 2)
     return n * layer + emb + h
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python benchmarks/models.py NAME OUT_DIR [--dtype float16]`: build in a process of its own, so the
+    benchmark's parent process never holds torch (a child's peak-RSS figure starts from its parent's size)."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description=main.__doc__.splitlines()[0])
+    parser.add_argument("name", choices=list(MODELS))
+    parser.add_argument("out_dir", type=Path)
+    parser.add_argument("--dtype", default="float16")
+    args = parser.parse_args(argv)
+    build(args.name, args.out_dir, dtype=args.dtype)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -314,7 +314,7 @@ def _method(results, add) -> None:
         "the two-graph layout is two separate optimum-intel conversions, stateless, one turned into a prefill "
         "graph (no past inputs) and one into a decode graph (one query token), each with its own `.bin` "
         "(`benchmarks/twograph.py`); its prefill graph keeps logits for every position, as optimum-intel writes them. "
-        "Export wall time and peak memory are the export process's own (`os.wait4` rusage).")
+        "Export wall time and peak memory are the export process's own.")
     add("- Compile time: `ov.Core().compile_model()` of the layout's graph files in a fresh process, no model cache.")
     add("- Generation (`benchmarks/worker.py`): each layout runs in a fresh process per round. After loading, each "
         "prompt length gets one untimed warm-up generation, then timed greedy generations of "
@@ -323,7 +323,10 @@ def _method(results, add) -> None:
         "(tokens - 1). The two-graph layout is driven by a small numpy loop (`prefill` once, then `decode` per "
         "token, the KV cache copied between calls as a stateless layout requires).")
     add("- Peak memory during generation: the process's resident high-water mark (VmHWM) reset just before the "
-        "prompt length's runs; peak memory of the process: its ru_maxrss (includes load and compile).")
+        "prompt length's runs; peak memory of the process: the largest VmHWM of the process image (import, load, "
+        "compile and generation). Compile peak memory: VmHWM of the compile process. Export peak memory: the export "
+        f"process's ru_maxrss from `os.wait4` (it cannot read below the benchmark's parent process, "
+        f"{results.get('parent_rss_mb', float('nan')):.0f} MB in this run).")
     add("")
 
 

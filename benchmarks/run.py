@@ -76,6 +76,7 @@ class Row:
     artifact: str
     runtime: str  # worker.py --runtime
     max_prompt: int | None = None  # longer prompts are not run (a C=1 static prefill is one call per token)
+    only: tuple[int, ...] | None = None  # run only these prompt lengths (diagnostic rows)
 
 
 ROWS = {r.key: r for r in [
@@ -84,7 +85,9 @@ ROWS = {r.key: r for r in [
     Row("shared-runtime", "text-generation-shared, optimum_shared_graph.runtime()", "shared", "runtime"),
     Row("shared-genai", "text-generation-shared, openvino_genai.LLMPipeline", "shared", "genai"),
     Row("two-graph", "two-graph layout, prefill graph + decode graph", "two-graph", "twograph"),
-    Row("pytorch", "PyTorch eager generate() (fp32)", "pytorch", "torch"),
+    Row("pytorch", "PyTorch eager generate() (fp32)", "pytorch", "torch", max_prompt=1024),
+    Row("shared-raw", "text-generation-shared, bare OpenVINO infer loop (diagnostic)", "shared", "raw", only=(1024, 64)),
+    Row("withpast-raw", "text-generation-with-past, bare OpenVINO infer loop (diagnostic)", "with-past", "raw", only=(1024, 64)),
     Row("static-c1", "static C=1, optimum_shared_graph.runtime()", "static-c1", "static", max_prompt=128),
     Row("static-c16", "static C=16, optimum_shared_graph.runtime()", "static-c16", "static", max_prompt=128),
 ]}
@@ -114,7 +117,8 @@ def plans(args) -> list[Plan]:
         needed = list(dict.fromkeys(["shared", "with-past"] + [ROWS[r].artifact for r in rows]))
         return [Plan(m, needed, rows, args.prompt_lens or [128, 1024, 2048]) for m in args.models or ["qwen2-0.5b"]]
     if args.suite == "issue2":
-        return [Plan("qwen2-0.5b", ["shared", "with-past"], ["shared-optimum", "withpast-optimum"], [1024])]
+        return [Plan("qwen2-0.5b", ["shared", "with-past"],
+                     ["shared-optimum", "withpast-optimum", "shared-raw", "withpast-raw"], [1024])]
     return [
         Plan("qwen2-0.5b", list(ARTIFACTS), list(ROWS), args.prompt_lens or [128, 1024, 2048]),
         # The 1.1B model: the layout comparisons that scale with size, at one prompt length, to stay in budget.
@@ -205,7 +209,8 @@ def compile_all(plan: Plan, exports: dict, work: Path, args, progress: Progress)
             res = children.run_child(children.python("compile_time.py", *xmls),
                                      log=work / "logs" / f"compile-{plan.model}-{key}-{rnd}.log")
             if res.returncode == 0:
-                samples[key].append({"compile_s": res.json()["compile_s"], "peak_rss_mb": res.peak_rss_mb})
+                answer = res.json()
+                samples[key].append({"compile_s": answer["compile_s"], "peak_rss_mb": answer["peak_mb"]})
             progress.done()
     for key in keys:
         if samples[key]:
@@ -245,7 +250,7 @@ def generate_all(plan: Plan, exports: dict, work: Path, args, progress: Progress
                     results[key]["skipped"] = answer["skipped"]
                     progress.note(f"{plan.model}: {key} skipped: {answer['skipped']}")
                 else:
-                    answer["child_peak_rss_mb"] = res.peak_rss_mb
+                    answer["child_peak_rss_mb"] = answer["peak_rss_mb"]  # the worker's own VmHWM-based figure
                     answer["loadavg_1m_before"] = load_before
                     results[key]["rounds"].append(answer)
             progress.done()
@@ -256,7 +261,8 @@ def generate_all(plan: Plan, exports: dict, work: Path, args, progress: Progress
 
 
 def row_lens(row: Row, plan: Plan) -> list[int]:
-    lens = [n for n in plan.prompt_lens if row.max_prompt is None or n <= row.max_prompt]
+    lens = [n for n in plan.prompt_lens if (row.max_prompt is None or n <= row.max_prompt)
+            and (row.only is None or n in row.only)]
     return lens or [min(plan.prompt_lens)]
 
 
@@ -326,7 +332,7 @@ def parse_args(argv: list[str] | None):
     parser.add_argument("--models", nargs="+", default=None, choices=list(models.MODELS), help="with --layouts")
     parser.add_argument("--prompt-lens", type=int, nargs="+", default=None, help="prompt lengths (full suite)")
     parser.add_argument("--rounds", type=int, default=None,
-                        help="fresh processes per layout, interleaved (default: 3; 5 for issue2; 2 with --quick)")
+                        help="fresh processes per layout, interleaved (default: 3; 5 for issue2; 1 with --quick)")
     parser.add_argument("--reps", type=int, default=1, help="timed generations per prompt length per process")
     parser.add_argument("--new-tokens", type=int, default=None, help="tokens per generation (default 32; 8 --quick)")
     parser.add_argument("--export-reps", type=int, default=1, help="exports per artifact (export time median)")
@@ -343,7 +349,7 @@ def parse_args(argv: list[str] | None):
                         help="measure nothing: rewrite the docs from a results file an earlier run saved")
     args = parser.parse_args(argv)
     if args.rounds is None:
-        args.rounds = 2 if args.quick else 5 if args.suite == "issue2" else 3
+        args.rounds = 1 if args.quick else 5 if args.suite == "issue2" else 3
     if args.new_tokens is None:
         args.new_tokens = 8 if args.quick else 32
     if args.quick:
@@ -369,11 +375,17 @@ def main(argv: list[str] | None = None) -> int:
     results: dict = {"suite": "quick" if args.quick else args.suite, "machine": machine(), "versions": versions(),
                      "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
                      "command": "python benchmarks/run.py " + " ".join(argv if argv is not None else sys.argv[1:]),
-                     "models": {}, "loadavg_start": os.getloadavg()}
+                     "models": {}, "loadavg_start": os.getloadavg(),
+                     # An export's peak (os.wait4 ru_maxrss) cannot be below its parent's RSS at fork time.
+                     "parent_rss_mb": children.own_rss_mb()}
     try:
         for plan in todo:
             progress.step(f"{plan.model}: build")
-            model_dir = models.build(plan.model, work / "models" / plan.model, dtype=args.model_dtype)
+            model_dir = work / "models" / plan.model
+            res = children.run_child(children.python("models.py", plan.model, str(model_dir), "--dtype", args.model_dtype),
+                                     log=work / "logs" / f"build-{plan.model}.log")
+            if res.returncode != 0:
+                raise SystemExit(f"building {plan.model} failed: {res.error_line()}")
             progress.done()
             exports = export_all(plan, model_dir, work, args, progress)
             compile_all(plan, exports, work, args, progress)

@@ -6,7 +6,9 @@ Prints one JSON object on the last line of stdout:
     ttft_s            {prompt_len: [seconds per run]}: from the generate() call to the first new token
     tpot_s            {prompt_len: [seconds per run]}: (t_last - t_first) / (n - 1) over the n new tokens
     gen_peak_mb       {prompt_len: peak resident memory during that length's runs (VmHWM, reset before)}
-    peak_rss_mb       peak resident memory of the whole process (ru_maxrss), load and compile included
+    load_peak_mb      peak resident memory while importing, loading and compiling (VmHWM)
+    peak_rss_mb       peak resident memory of the whole process: the largest of the above (VmHWM is this
+                      process image's own; ru_maxrss would also count the parent's size before exec)
     tokens            {prompt_len: the greedy tokens of the first run}, to compare layouts
 
 Token times come from each runtime's streamer (the moment a token is handed back to the caller).
@@ -20,7 +22,6 @@ from __future__ import annotations
 import argparse
 import json
 import re
-import resource
 import sys
 import time
 from pathlib import Path
@@ -28,7 +29,7 @@ from typing import Callable
 
 import numpy as np
 
-RUNTIMES = ("optimum", "genai", "runtime", "twograph", "torch", "static")
+RUNTIMES = ("optimum", "genai", "runtime", "twograph", "torch", "static", "raw")
 
 
 # ---- memory ------------------------------------------------------------------------------------
@@ -52,10 +53,6 @@ def reset_peak() -> None:
 
 def peak_since_reset_mb() -> float:
     return _status_kb("VmHWM") / 1024
-
-
-def process_peak_mb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 # ---- runtimes: each returns generate(ids, n_new) -> (per-token timestamps, generated token ids) ----------
@@ -186,6 +183,39 @@ def load_twograph(path: str) -> Generate:
     return generate
 
 
+def load_raw(path: str) -> Generate:
+    """A diagnostic: the one stateful graph driven by a bare OpenVINO infer loop (greedy argmax in numpy).
+
+    What the graph itself costs, without a generation framework around it.
+    """
+    import openvino as ov
+
+    compiled = ov.Core().compile_model(Path(path) / "openvino_model.xml", "CPU")
+    request = compiled.create_infer_request()
+
+    def generate(ids: np.ndarray, n_new: int) -> tuple[list, list]:
+        times, tokens = [], []
+        batch, length = ids.shape
+        request.reset_state()
+        feed = {"input_ids": ids, "attention_mask": np.ones_like(ids),
+                "position_ids": np.arange(length, dtype=np.int64)[None].repeat(batch, 0),
+                "beam_idx": np.arange(batch, dtype=np.int32)}
+        total = length
+        for step in range(n_new):
+            request.infer(feed)
+            logits = request.get_tensor("logits").data
+            token = np.argmax(logits[:, -1, :], axis=-1).astype(np.int64)[:, None]
+            times.append(time.perf_counter())
+            tokens.append(int(token[0, 0]))
+            total += 1
+            feed = {"input_ids": token, "attention_mask": np.ones((batch, total), dtype=np.int64),
+                    "position_ids": np.full((batch, 1), total - 1, dtype=np.int64),
+                    "beam_idx": np.arange(batch, dtype=np.int32)}
+        return times, tokens
+
+    return generate
+
+
 def load_static(path: str) -> Generate:
     """A static artifact, through `optimum_shared_graph.runtime()` (the only runtime that drives one)."""
     return load_runtime(path)
@@ -205,7 +235,7 @@ def preload(runtime: str) -> None:
     import openvino  # noqa: F401
 
 
-LOADERS = {"optimum": load_optimum, "genai": load_genai, "runtime": load_runtime, "twograph": load_twograph,
+LOADERS = {"raw": load_raw, "optimum": load_optimum, "genai": load_genai, "runtime": load_runtime, "twograph": load_twograph,
            "torch": load_torch, "static": load_static}
 
 
@@ -224,7 +254,7 @@ def measure(runtime: str, path: str, prompt_lens: list[int], reps: int, new_toke
     start = time.perf_counter()
     generate = LOADERS[runtime](path)
     result = {"runtime": runtime, "load_s": time.perf_counter() - start, "rss_after_load_mb": rss_mb(),
-              "ttft_s": {}, "tpot_s": {}, "gen_peak_mb": {}, "tokens": {}}
+              "load_peak_mb": peak_since_reset_mb(), "ttft_s": {}, "tpot_s": {}, "gen_peak_mb": {}, "tokens": {}}
     for n in prompt_lens:
         reset_peak()
         if warmup:
@@ -241,7 +271,7 @@ def measure(runtime: str, path: str, prompt_lens: list[int], reps: int, new_toke
         result["ttft_s"][n] = ttft
         result["tpot_s"][n] = tpot
         result["gen_peak_mb"][n] = peak_since_reset_mb()
-    result["peak_rss_mb"] = process_peak_mb()
+    result["peak_rss_mb"] = max([result["load_peak_mb"], *result["gen_peak_mb"].values()])
     return result
 
 

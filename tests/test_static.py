@@ -122,6 +122,33 @@ def test_sampling_and_beam_search_on_a_static_artifact(static_artifact, referenc
     assert torch.equal(sampled, _greedy(pt, ids, mask))
 
 
+def test_assisted_decoding_on_a_static_logits_all_artifact(tiny_model, tmp_path, reference):
+    """C = 4, logits=all: candidates are verified 4 slots per call and rejected ones dropped from the cache."""
+    from transformers import AutoModelForCausalLM
+
+    pt, _ = reference
+    out = tmp_path / "static-all"
+    osg.export(str(tiny_model("llama")), out, shape_mode="static", max_cache_len=CAPACITY, static_query_len=4,
+               logits="all")
+    assert "logits-all" in read_manifest(out).requires
+    model = osg.runtime(out, ov_config=EXACT)
+    draft = AutoModelForCausalLM.from_pretrained(tiny_model("llama", num_hidden_layers=1)).eval()
+    ids = _prompt(9, 5)
+    mask = torch.ones_like(ids)
+    ref = _greedy(pt, ids, mask)
+    assert torch.equal(_greedy(model, ids, mask), ref)
+    kwargs = dict(max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, do_sample=False, pad_token_id=0)
+    assert torch.equal(model.generate(input_ids=ids, attention_mask=mask, assistant_model=draft, **kwargs), ref)
+    assert torch.equal(model.generate(input_ids=ids, attention_mask=mask, assistant_model=pt, **kwargs), ref)
+
+
+def test_small_capacity_validates_on_a_prompt_that_fits(tiny_model, tmp_path):
+    manifest = osg.export(str(tiny_model("llama")), tmp_path / "small", shape_mode="static", max_cache_len=12,
+                          static_query_len=4)
+    v = manifest.validation
+    assert v["status"] == "passed" and v["prompt_tokens"] + v["greedy_tokens"] <= 12 and v["decode_steps"] >= 3
+
+
 def test_ovmodelforcausallm_never_gives_wrong_output_on_static(static_artifact):
     """optimum-intel's class does not run static graphs: it must fail, not answer."""
     from optimum.intel import OVModelForCausalLM

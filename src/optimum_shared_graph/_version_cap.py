@@ -74,7 +74,8 @@ def lifted_cap(model_type: str, task: str, *, validating: bool) -> Iterator[Lift
     Args:
         model_type: the model type being exported.
         task: optimum-intel's task used for the raw export.
-        validating: validation will run. Without it the cap stays and a capped type is refused.
+        validating: the shared graph will be validated. Without it (--skip-validation, or a fallback
+            export that has no captured calls) the cap stays and a capped type is refused.
 
     Raises:
         ModelNotSupportedError: the installed transformers exceeds the cap and validation is skipped.
@@ -87,8 +88,8 @@ def lifted_cap(model_type: str, task: str, *, validating: bool) -> Iterator[Lift
     if not validating:
         raise ModelNotSupportedError(
             f"optimum-intel supports exporting {model_type} only up to transformers {cap} (installed: {installed}); "
-            "text-generation-shared exports it past that cap only when the export is validated: drop --skip-validation, "
-            f"or install transformers<={cap}"
+            "text-generation-shared exports it past that cap only when the one shared graph is validated against PyTorch "
+            f"(not with --skip-validation, nor for a fallback export); install transformers<={cap} to export it"
         )
     saved = cls.__dict__.get("MAX_TRANSFORMERS_VERSION", _UNSET)
     cls.MAX_TRANSFORMERS_VERSION = None

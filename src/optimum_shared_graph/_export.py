@@ -45,11 +45,26 @@ def export(model_or_path: Any, output_dir: str | os.PathLike, **options: Any) ->
         ('shared', 'last')
     """
     opts = ExportOptions.from_dict(options)
+    quantization = _api_quantization(opts)
     if hasattr(model_or_path, "save_pretrained"):
         with tempfile.TemporaryDirectory(prefix="osg-model-") as tmp:
             model_or_path.save_pretrained(tmp)
-            return run_export(tmp, output_dir, opts, raw_export=_api_raw_export(opts))
-    return run_export(str(model_or_path), output_dir, opts, raw_export=_api_raw_export(opts))
+            return run_export(tmp, output_dir, opts, raw_export=_api_raw_export(opts), quantization=quantization)
+    return run_export(str(model_or_path), output_dir, opts, raw_export=_api_raw_export(opts), quantization=quantization)
+
+
+def _api_quantization(opts: ExportOptions) -> dict[str, Any]:
+    """What the manifest records of the API's quantization: the same fields the CLI flags give."""
+    if opts.quantization_config is None:
+        return {"weight_format": opts.weight_format, "quant_mode": None, "dataset": None}
+    from optimum.intel.openvino.configuration import OVConfig, OVWeightQuantizationConfig
+
+    config = OVConfig(quantization_config=opts.quantization_config).quantization_config
+    dataset = getattr(config, "dataset", None)
+    if isinstance(config, OVWeightQuantizationConfig):
+        return {"weight_format": config.dtype or f"int{config.bits}", "quant_mode": None, "dataset": dataset}
+    return {"weight_format": opts.weight_format, "quant_mode": getattr(config, "dtype", None) or "int8",
+            "dataset": dataset}
 
 
 def _api_raw_export(opts: ExportOptions) -> RawExport:
@@ -247,14 +262,19 @@ def _sample_inputs(model: str, pt_model, opts: ExportOptions):
     import torch
 
     text = opts.validation_prompt or DEFAULT_PROMPT
+    vocab = pt_model.config.get_text_config().vocab_size
     try:
         from transformers import AutoTokenizer
 
         tokenizer = AutoTokenizer.from_pretrained(model, trust_remote_code=opts.trust_remote_code)
         ids = tokenizer(text, return_tensors="pt")["input_ids"][:, :48]
-    except Exception:  # no tokenizer shipped: a fixed pseudo-random prompt
+    except Exception:  # no tokenizer shipped
+        ids = None
+    # transformers may build an empty tokenizer for a directory without tokenizer files; a prompt
+    # that is empty or out of the vocabulary cannot validate anything: use a fixed pseudo-random one.
+    if ids is None or ids.shape[1] < 2 or int(ids.max()) >= vocab:
         generator = torch.Generator().manual_seed(0)
-        ids = torch.randint(3, pt_model.config.vocab_size, (1, 24), generator=generator)
+        ids = torch.randint(3, vocab, (1, 24), generator=generator)
     return ids, torch.ones_like(ids)
 
 

@@ -32,6 +32,12 @@ _TINY = dict(
     bos_token_id=1, eos_token_id=2, pad_token_id=0,
 )
 
+_MLA = dict(
+    kv_lora_rank=16, q_lora_rank=None, qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=16, n_routed_experts=4,
+    num_experts_per_tok=2, n_shared_experts=1, moe_intermediate_size=32, first_k_dense_replace=1, n_group=1,
+    topk_group=1, num_key_value_heads=4, head_dim=16,
+)
+
 # Per-architecture names for the same sizes, where a config does not map them itself.
 _OVERRIDES: dict[str, dict[str, Any]] = {
     "gpt2": dict(n_embd=64, n_layer=2, n_head=4, n_inner=128, n_positions=512),
@@ -46,6 +52,12 @@ _OVERRIDES: dict[str, dict[str, Any]] = {
     "dbrx": dict(d_model=64, n_heads=4, n_layers=2, max_seq_len=512,
                  attn_config={"kv_n_heads": 2, "rope_theta": 10000.0},
                  ffn_config={"ffn_hidden_size": 128, "moe_num_experts": 4, "moe_top_k": 2}),
+    # multi-head latent attention and routed experts, small
+    "deepseek_v2": dict(_MLA),
+    "deepseek_v3": dict(_MLA),
+    "gemma3n_text": dict(layer_types=["sliding_attention", "full_attention"], num_kv_shared_layers=0,
+                         activation_sparsity_pattern=[0.0, 0.0], laurel_rank=8, altup_num_inputs=2,
+                         hidden_size_per_layer_input=16, vocab_size_per_layer_input=TINY_VOCAB),
     "codegen": dict(n_embd=64, n_layer=2, n_head=4, n_positions=512, rotary_dim=8),
     "gptj": dict(n_embd=64, n_layer=2, n_head=4, n_positions=512, rotary_dim=8),
 }
@@ -88,7 +100,11 @@ def tiny_config(model_type: str, **overrides: Any):
     """A tiny `AutoConfig.for_model(model_type)` with decisive random init."""
     from transformers import AutoConfig
 
+    from transformers import CONFIG_MAPPING
+
     kwargs = dict(_TINY)
+    if isinstance(getattr(CONFIG_MAPPING[model_type], "head_dim", None), property):
+        del kwargs["head_dim"]  # computed by the config (falcon, ...), not settable
     kwargs.update(_OVERRIDES.get(model_type, {}))
     kwargs.update(overrides)
     return AutoConfig.for_model(model_type, **kwargs)

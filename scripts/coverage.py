@@ -79,11 +79,26 @@ def _cli(args: list[str]) -> tuple[int, str]:
     except SystemExit as err:
         code = err.code if isinstance(err.code, int) else 1
     except BaseException as err:  # noqa: BLE001 - a crash is a row in the table
-        buf.write(f"error: {type(err).__name__}: {_first_line(err)}\n")
+        from optimum_shared_graph import SharedGraphError
+
+        text = str(err) if isinstance(err, SharedGraphError) else f"{type(err).__name__}: {_first_line(err)}"
+        buf.write(f"error: {text}{_root_cause(err)}\n")
         code = 1
     finally:
         sys.argv = saved
     return code, buf.getvalue()
+
+
+def _root_cause(err: BaseException) -> str:
+    """What a vague tracing error hides: the message of the exception TorchScript tracing hit."""
+    cause = err.__cause__
+    while cause is not None:
+        text = str(cause)
+        if "Exception:" in text:
+            detail = text.split("Exception:", 1)[1].strip().splitlines()
+            return f" (tracing: {detail[0][:200]})" if detail else ""
+        cause = cause.__cause__
+    return ""
 
 
 def _error_line(stderr: str) -> str:
@@ -209,6 +224,7 @@ def run_one(model_type: str, workdir: Path, *, static: bool = True) -> dict:
         return result
 
     out = workdir / "dynamic"
+    os.environ["OPTIMUM_SHARED_GRAPH_DEBUG"] = "1"  # errors propagate here, with their causes
     t0 = time.monotonic()
     code, stderr = _cli(["export", "openvino", "-m", str(model_dir), "--task", "text-generation-shared", str(out)])
     result["export_seconds"] = round(time.monotonic() - t0, 1)
@@ -424,6 +440,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=int, default=420, help="seconds per model type")
     parser.add_argument("--compare", nargs="*", default=[],
                         help="results JSON of sweeps under other transformers versions, for the range section")
+    parser.add_argument("--update", help="results JSON of an earlier run: rerun only --types, keep its other rows")
     parser.add_argument("--render-only", help="render the table from this results JSON instead of running")
     parser.add_argument("--no-static", dest="static", action="store_false", help="skip the static export")
     parser.add_argument("--one", help=argparse.SUPPRESS)
@@ -457,6 +474,12 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{result['model_type']:28s} {result['status']:18s} {result.get('seconds', '')!s:>6} "
                       f"{result.get('reason', '')[:150]}", flush=True)
         seconds, versions = time.monotonic() - t0, _versions()
+        if args.update:  # the earlier run's rows, with the types just run replaced
+            earlier = json.loads(Path(args.update).read_text())
+            earlier = earlier if isinstance(earlier, dict) else {"results": earlier}
+            fresh = {r["model_type"]: r for r in results}
+            results = [fresh.pop(r["model_type"], r) for r in earlier["results"]] + list(fresh.values())
+            seconds += earlier.get("seconds", 0.0)
     compare = [c["results"] if isinstance(c, dict) else c for c in compare]
     Path(args.output).parent.mkdir(parents=True, exist_ok=True)
     Path(args.output).write_text(render(results, seconds=seconds, versions=versions, python=sys.executable,

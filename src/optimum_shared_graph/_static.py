@@ -188,9 +188,17 @@ class _static_query_length_masks:
 
 def _with_int_query_length(inner):
     def mask(**kwargs):
+        import torch
+
         if "q_length" in kwargs and not isinstance(kwargs["q_length"], int):
             kwargs["q_length"] = int(kwargs["q_length"])
-        return inner(**kwargs)
+        out = inner(**kwargs)
+        if isinstance(out, torch.Tensor) and out.dtype == torch.bool:
+            # A query with nothing to attend to (a left-pad slot) would give NaN, and NaN keys and values
+            # in its slot poison later calls even behind the mask: let such rows attend to every slot, as
+            # transformers' own `allow_torch_fix` does. Their outputs are never used.
+            out = out | torch.all(~out, dim=-1, keepdim=True)
+        return out
 
     return mask
 

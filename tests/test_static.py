@@ -86,6 +86,24 @@ def test_static_graph_and_greedy_parity(query_len, stateful, static_artifact, re
     assert torch.equal(_greedy(pt, ids, mask), _greedy(model, ids, mask))
 
 
+@pytest.mark.parametrize("model_type", ["qwen2", "gpt2", "opt"])
+def test_static_parity_across_architectures(model_type, tiny_model, tmp_path):
+    """Other families (opt builds boolean masks: left-pad slots must not turn into NaN)."""
+    from transformers import AutoModelForCausalLM
+
+    out = tmp_path / model_type
+    osg.export(str(tiny_model(model_type)), out, shape_mode="static", max_cache_len=CAPACITY, static_batch_size=2,
+               static_query_len=8)
+    pt = AutoModelForCausalLM.from_pretrained(tiny_model(model_type)).eval()
+    model = osg.runtime(out, ov_config=EXACT)
+    for length in (3, 13):
+        ids = _prompt(length)
+        assert torch.equal(_greedy(pt, ids, torch.ones_like(ids)), _greedy(model, ids, torch.ones_like(ids)))
+    ids = torch.cat([torch.cat([torch.zeros(1, 6, dtype=torch.long), _prompt(5, 1)], 1), _prompt(11, 2)])
+    mask = (torch.arange(11) >= torch.tensor([[6], [0]])).long()
+    assert torch.equal(_greedy(pt, ids, mask), _greedy(model, ids, mask))
+
+
 def test_capacity_is_used_to_the_last_slot(static_artifact, reference):
     """A prompt plus new tokens exactly at the capacity works (the window slides back near the end)."""
     pt, _ = reference

@@ -168,14 +168,26 @@ def test_small_capacity_validates_on_a_prompt_that_fits(tiny_model, tmp_path):
 
 
 def test_ovmodelforcausallm_never_gives_wrong_output_on_static(static_artifact):
-    """optimum-intel's class does not run static graphs: it must fail, not answer."""
-    from optimum.intel import OVModelForCausalLM
+    """optimum-intel's class does not run static graphs: it fails with a clear error pointing to runtime().
+
+    Checked in a fresh interpreter that never imports optimum_shared_graph: the guard comes from the
+    installed `optimum_shared_graph.pth` start-up hook.
+    """
+    import subprocess
+    import sys
 
     for stateful in (True, False):
-        ids = _prompt(5)
-        with pytest.raises(Exception):
-            model = OVModelForCausalLM.from_pretrained(static_artifact(8, stateful), ov_config=EXACT)
-            model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=4)
+        path = static_artifact(8, stateful)
+        code = (
+            "import sys; from optimum.intel import OVModelForCausalLM\n"
+            f"OVModelForCausalLM.from_pretrained({str(path)!r})\n"
+            "assert 'optimum_shared_graph._export' not in sys.modules"
+        )
+        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+        assert proc.returncode != 0
+        last = proc.stderr.strip().splitlines()[-1]
+        assert "RuntimeSelectionError" in last and "is a static text-generation-shared artifact" in last, last
+        assert f"optimum_shared_graph.runtime({str(path)!r})" in last
 
 
 def test_cli_static_defaults(tiny_model, tmp_path):

@@ -8,10 +8,10 @@ OpenVINO exporter is imported, so `optimum-cli --help` does not pay for importin
 
 from __future__ import annotations
 
-import importlib.abc
-import importlib.machinery
-import sys
+import importlib
 import threading
+
+from _optimum_shared_graph_hooks import call_after_import, install_static_guard
 
 TASK = "text-generation-shared"
 BASE_TASK = "text-generation-with-past"
@@ -32,10 +32,8 @@ def register() -> None:
     """
     with _lock:
         _patch_cli()
-        if _EXPORTER_MODULE in sys.modules and hasattr(sys.modules[_EXPORTER_MODULE], "main_export"):
-            register_tasks()
-        elif not any(isinstance(f, _RegisterAfterImport) for f in sys.meta_path):
-            sys.meta_path.insert(0, _RegisterAfterImport())
+        call_after_import(_EXPORTER_MODULE, _register_tasks_hook)
+        install_static_guard()
 
 
 def register_tasks() -> list[str]:
@@ -106,22 +104,5 @@ def _patch_cli() -> None:
     _cli_patched = True
 
 
-class _RegisterAfterImport(importlib.abc.MetaPathFinder):
-    """Registers the task right after optimum-intel's OpenVINO exporter finishes importing."""
-
-    def find_spec(self, fullname, path, target=None):
-        if fullname != _EXPORTER_MODULE:
-            return None
-        sys.meta_path.remove(self)
-        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
-        if spec is None or spec.loader is None:
-            return spec
-        loader = spec.loader
-        exec_module = loader.exec_module
-
-        def exec_then_register(module):
-            exec_module(module)
-            register_tasks()
-
-        loader.exec_module = exec_then_register
-        return spec
+def _register_tasks_hook(module) -> None:
+    register_tasks()

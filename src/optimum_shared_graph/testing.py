@@ -58,6 +58,10 @@ _OVERRIDES: dict[str, dict[str, Any]] = {
     # with 0.1 the selective-scan states grow until fp32 rounding alone passes the 1e-3 relative check
     "falcon_mamba": dict(initializer_range=0.02),
     "gpt_neo": dict(num_layers=2, num_heads=4, attention_types=[[["global", "local"], 1]], window_size=256),
+    # one Mamba-2 layer and one attention layer; mamba_n_heads * mamba_d_head = mamba_expand * hidden_size
+    "granitemoehybrid": dict(layer_types=["mamba", "attention"], mamba_n_heads=8, mamba_d_head=16, mamba_expand=2,
+                             mamba_n_groups=1, mamba_d_state=16, mamba_d_conv=4, mamba_chunk_size=16,
+                             num_local_experts=4, num_experts_per_tok=2, shared_intermediate_size=128),
     "gemma3n_text": dict(layer_types=["sliding_attention", "full_attention"], num_kv_shared_layers=0,
                          activation_sparsity_pattern=[0.0, 0.0], laurel_rank=8, altup_num_inputs=2,
                          hidden_size_per_layer_input=16, vocab_size_per_layer_input=TINY_VOCAB),

@@ -116,7 +116,7 @@ def _near_tie(scores, step: int) -> str:
     logits = scores[step][0].float()
     top = torch.topk(logits, 2).values
     margin = float(top[0] - top[1])
-    scale = float(logits.abs().max())
+    scale = float(logits[torch.isfinite(logits)].abs().max())  # processors mask some tokens with -inf
     return f"PyTorch top-2 margin {margin:.2e} at step {step} (max |logit| {scale:.2f}, relative {margin / max(scale, 1):.1e})"
 
 

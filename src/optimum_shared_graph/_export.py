@@ -157,7 +157,8 @@ def run_export(
                 cap_type = capture.exported.config.model_type if source != model else config.model_type
                 # past optimum-intel's transformers cap only when validation will guard the graph
                 # (a fallback is not validated: no captured calls to check it against)
-                with lifted_cap(cap_type, BASE_TASK, validating=not opts.skip_validation and reason is None) as lifted:
+                with lifted_cap(cap_type, BASE_TASK, validating=not opts.skip_validation and reason is None,
+                                fallback_reason=reason) as lifted:
                     with both_stage_quantization(opts.calibration_decode_steps, calibration):
                         raw_export(source, raw)
                 if lifted is not None and capture is not None:

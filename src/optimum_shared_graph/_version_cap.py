@@ -68,7 +68,9 @@ class LiftedCap:
 
 
 @contextlib.contextmanager
-def lifted_cap(model_type: str, task: str, *, validating: bool) -> Iterator[LiftedCap | None]:
+def lifted_cap(
+    model_type: str, task: str, *, validating: bool, fallback_reason: str | None = None
+) -> Iterator[LiftedCap | None]:
     """Lift the export config's transformers cap for this export; yield what was lifted (or None).
 
     Args:
@@ -76,6 +78,7 @@ def lifted_cap(model_type: str, task: str, *, validating: bool) -> Iterator[Lift
         task: optimum-intel's task used for the raw export.
         validating: the shared graph will be validated. Without it (--skip-validation, or a fallback
             export that has no captured calls) the cap stays and a capped type is refused.
+        fallback_reason: why the export is a fallback, for the refusal message.
 
     Raises:
         ModelNotSupportedError: the installed transformers exceeds the cap and validation is skipped.
@@ -90,6 +93,7 @@ def lifted_cap(model_type: str, task: str, *, validating: bool) -> Iterator[Lift
             f"optimum-intel supports exporting {model_type} only up to transformers {cap} (installed: {installed}); "
             "text-generation-shared exports it past that cap only when the one shared graph is validated against PyTorch "
             f"(not with --skip-validation, nor for a fallback export); install transformers<={cap} to export it"
+            + (f" (this export fell back because {fallback_reason})" if fallback_reason else "")
         )
     saved = cls.__dict__.get("MAX_TRANSFORMERS_VERSION", _UNSET)
     cls.MAX_TRANSFORMERS_VERSION = None

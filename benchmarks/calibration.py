@@ -13,7 +13,8 @@ teacher-forced with the fp32 model's greedy tokens so both read the same inputs.
 mean KL(fp32 || quantized) in nats, and top-1 agreement.
 
 Usage:
-    nice -n 10 python benchmarks/calibration.py                       # writes docs/quantization.md figures
+    nice -n 5 python benchmarks/calibration.py --model smollm-135m --texts 32 --held-out 12 --eval-steps 8 \
+        --modes int8 int4-awq --range-estimators nncf-default MINMAX   # the docs/quantization.md figures
     python benchmarks/calibration.py --model toy --texts 24 --held-out 8   # a smoke run in a minute
 """
 
@@ -43,7 +44,20 @@ QWEN2_0_5B = dict(
 )
 TOY = dict(QWEN2_0_5B, hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
            num_key_value_heads=2, vocab_size=4096, max_window_layers=2, initializer_range=0.1)
-MODELS = {"qwen2-0.5b": QWEN2_0_5B, "toy": TOY}
+# HuggingFaceTB/SmolLM-135M config.json (public): a llama of realistic depth that a 2-core machine runs.
+SMOLLM_135M = dict(
+    model_type="llama", hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
+    num_key_value_heads=3, vocab_size=49152, max_position_embeddings=2048, rope_theta=10000.0,
+    rms_norm_eps=1e-5, tie_word_embeddings=True, hidden_act="silu", initializer_range=0.02,
+)
+MODELS = {"qwen2-0.5b": QWEN2_0_5B, "smollm-135m": SMOLLM_135M, "toy": TOY}
+
+# Runs optimum-cli in-process with the calibration's activation range estimator set (argv[1]).
+_CLI = (
+    "import sys; import optimum_shared_graph._calibration as c; e = sys.argv.pop(1); "
+    "c.ACTIVATION_RANGE_ESTIMATOR = None if e == 'nncf-default' else e; sys.argv[0] = 'optimum-cli'; "
+    "from optimum.commands.optimum_cli import main; sys.exit(main())"
+)
 
 MODES = {
     "int8": ["--quant-mode", "int8"],
@@ -98,11 +112,11 @@ def build_model(name: str, root: Path, lines: list[str]) -> Path:
     return path
 
 
-def export(model: Path, out: Path, texts: Path, flags: list[str], decode_steps: int) -> float:
+def export(model: Path, out: Path, texts: Path, flags: list[str], decode_steps: int, estimator: str) -> float:
     if (out / "shared_graph.json").is_file():
         return float("nan")
     start = time.perf_counter()
-    cmd = ["optimum-cli", "export", "openvino", "-m", str(model), "--task", "text-generation-shared",
+    cmd = [sys.executable, "-c", _CLI, estimator, "export", "openvino", "-m", str(model), "--task", "text-generation-shared",
            "--dataset", str(texts), *flags, "--calibration-decode-steps", str(decode_steps), str(out)]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
@@ -152,6 +166,31 @@ def errors(artifact: Path, prompts: list[np.ndarray], refs: list[dict]) -> dict[
             for stage, (kl, top1) in stats.items()}
 
 
+def activation_ranges(artifact: Path) -> dict[str, tuple[float, float]]:
+    """Each activation FakeQuantize's input range (low, high), by node name (widest over channels)."""
+    import openvino as ov
+
+    ranges = {}
+    for node in ov.Core().read_model(artifact / "openvino_model.xml").get_ordered_ops():
+        if node.get_type_name() != "FakeQuantize":
+            continue
+        if node.input_value(0).get_node().get_type_name() == "Constant":
+            continue  # a weight
+        low, high = (node.input_value(i).get_node().get_data() for i in (1, 2))
+        ranges[node.get_friendly_name()] = (float(np.min(low)), float(np.max(high)))
+    return ranges
+
+
+def compare_ranges(pre: Path, both: Path) -> dict[str, float]:
+    """How the both-stage calibration's activation ranges compare with the prefill-only ones."""
+    a, b = activation_ranges(pre), activation_ranges(both)
+    common = sorted(set(a) & set(b))
+    ratio = np.array([(b[n][1] - b[n][0]) / max(a[n][1] - a[n][0], 1e-12) for n in common])
+    return {"quantizers": len(common), "median_width_ratio": float(np.median(ratio)),
+            "narrower": float(np.mean(ratio < 0.999)), "wider": float(np.mean(ratio > 1.001)),
+            "min_width_ratio": float(ratio.min()), "max_width_ratio": float(ratio.max())}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", choices=sorted(MODELS), default="qwen2-0.5b")
@@ -161,8 +200,17 @@ def main() -> None:
     parser.add_argument("--eval-steps", type=int, default=16, help="decode steps measured after each prefill")
     parser.add_argument("--prompt-tokens", type=int, default=48, help="held-out prompts are cut to this length")
     parser.add_argument("--modes", nargs="+", choices=sorted(MODES), default=sorted(MODES))
+    parser.add_argument("--range-estimators", nargs="+", default=["nncf-default", "MINMAX"],
+                        help="NNCF activation range estimators for int8, each run in both arms: 'nncf-default' "
+                             "(NNCF's own choice: MEAN_MINMAX for per-tensor activations, what optimum-intel "
+                             "uses) or a RangeEstimatorParametersSet name such as MINMAX (this package's default)")
+    parser.add_argument("--compare-ranges", nargs=2, type=Path, metavar=("PREFILL_ONLY", "BOTH"),
+                        help="only compare the activation ranges of two int8 artifacts, then exit")
     parser.add_argument("--work", type=Path, default=HERE / "results" / "calibration")
     args = parser.parse_args()
+    if args.compare_ranges:
+        print(json.dumps(compare_ranges(*args.compare_ranges), indent=2))
+        return
 
     args.work.mkdir(parents=True, exist_ok=True)
     lines = stdlib_text_lines(args.texts + args.held_out)
@@ -181,19 +229,26 @@ def main() -> None:
                "decode_steps": args.decode_steps, "eval_steps": args.eval_steps, "prompt_tokens": args.prompt_tokens,
                "machine": {"cpu": _cpu(), "cores": os.cpu_count(), "python": platform.python_version()},
                "versions": _versions(), "modes": {}}
-    for mode in args.modes:
-        results["modes"][mode] = {}
+    runs = [(mode, estimator) for mode in args.modes
+            for estimator in (args.range_estimators if mode == "int8" else ["MINMAX"])]
+    for mode, estimator in runs:
+        key = f"{mode} ({estimator})" if mode == "int8" else mode
+        results["modes"][key] = {}
         for arm, steps in (("prefill-only", 0), ("both-stages", args.decode_steps)):
-            out = args.work / f"{args.model}-{mode}-{arm}"
-            seconds = export(model, out, texts, MODES[mode], steps)
+            out = args.work / f"{args.model}-{mode}-{estimator}-{arm}"
+            seconds = export(model, out, texts, MODES[mode], steps, estimator)
             manifest = json.loads((out / "shared_graph.json").read_text())
             row = errors(out, prompts, refs)
             row["calibration_samples"] = manifest["quantization"]["calibration_samples"]
             row["export_seconds"] = seconds
-            results["modes"][mode][arm] = row
-            print(mode, arm, json.dumps(row), flush=True)
-        both, pre = results["modes"][mode]["both-stages"], results["modes"][mode]["prefill-only"]
-        results["modes"][mode]["ratio"] = {s: both[s]["kl"] / pre[s]["kl"] for s in ("prefill", "decode")}
+            if mode == "int8" and arm == "both-stages":
+                row["activation_ranges_vs_prefill_only"] = compare_ranges(
+                    args.work / f"{args.model}-{mode}-{estimator}-prefill-only", out)
+            results["modes"][key][arm] = row
+            print(key, arm, json.dumps(row), flush=True)
+        both, pre = results["modes"][key]["both-stages"], results["modes"][key]["prefill-only"]
+        results["modes"][key]["ratio"] = {s: both[s]["kl"] / pre[s]["kl"] for s in ("prefill", "decode")}
+        (args.work / f"{args.model}.json").write_text(json.dumps(results, indent=2) + "\n")
     (args.work / f"{args.model}.json").write_text(json.dumps(results, indent=2) + "\n")
     print(table(results))
 

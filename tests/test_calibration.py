@@ -193,3 +193,34 @@ def test_negative_decode_steps_is_one_error_line(model_path, dataset_file, tmp_p
                    str(tmp_path / "out"))
     assert proc.returncode != 0
     assert "--calibration-decode-steps must be 0 or more" in error_line(proc)
+
+
+def test_activation_range_estimator_reaches_nncf_through_optimum_intel_config():
+    """The estimator goes into the full-quantization config's `advanced_parameters` (what optimum-intel
+    passes to `nncf.quantize`), for plain and mixed configs; weight compression is left alone."""
+    from nncf.quantization.range_estimator import RangeEstimatorParametersSet
+    from optimum.intel.openvino.configuration import (
+        OVMixedQuantizationConfig,
+        OVQuantizationConfig,
+        OVWeightQuantizationConfig,
+    )
+
+    from optimum_shared_graph._calibration import _with_activation_range
+
+    full = _with_activation_range(OVQuantizationConfig(smooth_quant_alpha=0.9), "MINMAX")
+    advanced = full.to_nncf_dict()["advanced_parameters"]
+    assert advanced.activations_range_estimator_params == RangeEstimatorParametersSet.MINMAX
+    assert advanced.smooth_quant_alphas.matmul == 0.9  # optimum-intel's own settings kept
+    mixed = _with_activation_range(OVMixedQuantizationConfig(
+        OVWeightQuantizationConfig(bits=4), OVQuantizationConfig(dtype="f8e4m3")), "MINMAX")
+    assert (mixed.full_quantization_config.to_nncf_dict()["advanced_parameters"].activations_range_estimator_params
+            == RangeEstimatorParametersSet.MINMAX)
+    assert "advanced_parameters" not in mixed.weight_quantization_config.kwargs
+    untouched = OVQuantizationConfig()
+    assert _with_activation_range(untouched, None) is untouched
+    import nncf
+
+    chosen = nncf.AdvancedQuantizationParameters(activations_range_estimator_params=RangeEstimatorParametersSet.MEAN_QUANTILE)
+    kept = _with_activation_range(OVQuantizationConfig(advanced_parameters=chosen), "MINMAX")
+    assert (kept.to_nncf_dict()["advanced_parameters"].activations_range_estimator_params
+            == RangeEstimatorParametersSet.MEAN_QUANTILE)  # a user's own estimator wins

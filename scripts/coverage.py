@@ -350,6 +350,15 @@ def _comparison(results: list[dict], others: list[list[dict]]) -> list[str]:
         only = sorted(passed[i] - set().union(*(p for j, p in enumerate(passed) if j != i)))
         lines.append(f"| {version[i]}{' (this table)' if i == 0 else ''} | {len(passed[i])} of {len(run)} | "
                      f"{', '.join(only) or '-'} |")
+    from packaging.requirements import Requirement
+
+    best = max(len(p) for p in passed)
+    winners = [version[i] for i, p in enumerate(passed) if len(p) == best]
+    pin = _pinned_transformers()
+    admitted = [v for v in winners if pin and Requirement(pin).specifier.contains(v)]
+    lines += ["", f"Most model types with parity: transformers {', '.join(winners)} ({best}). `pyproject.toml` requires "
+              f"`{pin}`, which admits {', '.join(admitted) or 'none of them'}: pip keeps an installed transformers in "
+              "that range rather than switching, and each version covers the model types listed as only under it."]
     return lines
 
 
@@ -359,8 +368,9 @@ def render(results: list[dict], *, seconds: float, versions: dict, python: str,
     rows = sorted(results, key=lambda r: (order.get(r["status"], 9), r["model_type"]))
     counts = {s: sum(r["status"] == s for r in results) for s in order}
     capped = [r["model_type"] for r in results if r["status"] == PASS and r.get("version_cap")]
-    ssm = [r["model_type"] for r in results if r["status"] == PASS and any(
-        "cache_params" in n or n == "cache_position" for n in r.get("inputs", []))]
+    from optimum.exporters.openvino.utils import SSM_MODELS  # optimum-intel's types with conv/SSM states
+
+    ssm = [r["model_type"] for r in results if r["status"] == PASS and r["model_type"] in SSM_MODELS]
     lines = [
         "# Architecture coverage of `text-generation-shared`",
         "",

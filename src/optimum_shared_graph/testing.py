@@ -105,15 +105,16 @@ def buildable_reason(model_type: str) -> str | None:
 
 def tiny_config(model_type: str, **overrides: Any):
     """A tiny `AutoConfig.for_model(model_type)` with decisive random init."""
-    from transformers import AutoConfig
-
-    from transformers import CONFIG_MAPPING
+    from transformers import CONFIG_MAPPING, AutoConfig
 
     kwargs = dict(_TINY)
     if isinstance(getattr(CONFIG_MAPPING[model_type], "head_dim", None), property):
         del kwargs["head_dim"]  # computed by the config (falcon, ...), not settable
     kwargs.update(_OVERRIDES.get(model_type, {}))
     kwargs.update(overrides)
+    if "hidden_size" in overrides and "head_dim" in kwargs and "head_dim" not in overrides:
+        # a wider model keeps hidden = heads x head_dim (what quantization group sizes expect)
+        kwargs["head_dim"] = overrides["hidden_size"] // kwargs["num_attention_heads"]
     return AutoConfig.for_model(model_type, **kwargs)
 
 

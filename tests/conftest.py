@@ -44,6 +44,17 @@ def tiny_model(models_dir):
     return get
 
 
+@pytest.fixture(params=["missing", "existing"])
+def out_dir(request, tmp_path):
+    """The output directory: absent, or holding a previous artifact that must survive untouched."""
+    out = tmp_path / "out"
+    if request.param == "existing":
+        out.mkdir()
+        (out / "shared_graph.json").write_text('{"schema_version": 1}')
+        (out / "openvino_model.xml").write_text("<old/>")
+    return out
+
+
 def run_cli(*args: str, check: bool = False, timeout: int = 600) -> subprocess.CompletedProcess:
     """Run `optimum-cli` in a subprocess, as a user does."""
     env = dict(os.environ)

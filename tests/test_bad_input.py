@@ -34,17 +34,6 @@ def _export(model, out, *extra):
     return run_cli("export", "openvino", "-m", str(model), *TASK, str(out), *extra)
 
 
-@pytest.fixture(params=["missing", "existing"])
-def out_dir(request, tmp_path):
-    """The output directory: absent, or holding a previous artifact that must survive untouched."""
-    out = tmp_path / "out"
-    if request.param == "existing":
-        out.mkdir()
-        (out / "shared_graph.json").write_text('{"schema_version": 1}')
-        (out / "openvino_model.xml").write_text("<old/>")
-    return out
-
-
 def _assert_unchanged(out, before):
     assert tree_snapshot(out) == before
     assert not [p for p in out.parent.iterdir() if p.name.endswith(".partial")]

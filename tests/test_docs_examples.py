@@ -16,7 +16,6 @@ from pathlib import Path
 
 import pytest
 
-from conftest import run_cli
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]

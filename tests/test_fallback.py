@@ -102,16 +102,6 @@ def test_undecomposable_model_falls_back_to_with_past(opaque_model, tmp_path):
         assert torch.equal(_greedy(reference, enc), _greedy(ov_model, enc)), prompt
 
 
-@pytest.fixture(params=["missing", "existing"])
-def out_dir(request, tmp_path):
-    out = tmp_path / "out"
-    if request.param == "existing":
-        out.mkdir()
-        (out / "shared_graph.json").write_text('{"schema_version": 1}')
-        (out / "openvino_model.xml").write_text("<old/>")
-    return out
-
-
 def test_fallback_never_writes_nothing(opaque_model, out_dir):
     before = tree_snapshot(out_dir)
     proc = _export(opaque_model, out_dir, "--trust-remote-code", "--fallback", "never")

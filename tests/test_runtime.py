@@ -271,8 +271,6 @@ def test_assisted_decoding_matches_pytorch_greedy(stateful, dynamic_artifact, re
 
 
 def test_assisted_decoding_on_logits_last_is_refused(dynamic_artifact, reference, tiny_model):
-    from transformers import AutoModelForCausalLM
-
     pt, tok = reference
     model = osg.runtime(dynamic_artifact(), ov_config=EXACT)
     enc = tok([PROMPTS[0]], return_tensors="pt")

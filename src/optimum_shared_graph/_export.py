@@ -6,7 +6,6 @@ import logging
 import os
 import shutil
 import tempfile
-import warnings
 from pathlib import Path
 from typing import Any, Callable
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import shutil
@@ -321,7 +322,7 @@ def _finish(raw: Path, final: Path, config, capture, reason, opts, model, quanti
     if reason is not None:
         return _fallback.finish_fallback(raw, final, config, reason, opts, model, quantization)
     graphs = sorted(p.name for p in raw.glob("openvino_*model*.xml") if "tokenizer" not in p.name)
-    if reason is None and graphs != [GRAPH_XML]:
+    if graphs != [GRAPH_XML]:
         raise SharedGraphError(
             f"optimum-intel wrote {len(graphs)} graphs ({', '.join(graphs)}) for {config.model_type}, not one "
             "decoder graph: use --fallback auto for this model"
@@ -330,7 +331,7 @@ def _finish(raw: Path, final: Path, config, capture, reason, opts, model, quanti
     ov_model = core.read_model(raw / GRAPH_XML)
     weight_format = (quantization or {}).get("weight_format") or opts.weight_format
     quant_mode = (quantization or {}).get("quant_mode")
-    if reason is None and opts.logits == "last" and not opts.is_static:  # static graphs slice their own logits
+    if opts.logits == "last" and not opts.is_static:  # static graphs slice their own logits
         from ._transforms import slice_logits_to_last_position
 
         slice_logits_to_last_position(ov_model)
@@ -339,10 +340,9 @@ def _finish(raw: Path, final: Path, config, capture, reason, opts, model, quanti
     requires += ["static"] if opts.is_static else []
     manifest = Manifest(
         task=TASK,
-        partitioning="shared" if reason is None else "fallback",
-        fallback_reason=reason,
+        partitioning="shared",
         shape_mode=opts.shape_mode,
-        logits=opts.logits if reason is None else "all",
+        logits=opts.logits,
         stateful=stateful,
         requires=requires,
         static=_static_shapes_of(ov_model) if opts.is_static else None,
@@ -364,22 +364,18 @@ def _finish(raw: Path, final: Path, config, capture, reason, opts, model, quanti
                if calibration and calibration.graph else {}),
         },
     )
-    if reason is not None or opts.skip_validation or capture is None:
-        manifest.validation = {"status": "skipped", "reason": "--skip-validation" if opts.skip_validation else reason}
+    if opts.skip_validation:
+        manifest.validation = {"status": "skipped", "reason": "--skip-validation"}
     else:
+        from ._session import GraphSession
+        from ._static import StaticSession
         from ._validation import validate_graph
 
-        from functools import partial
-
-        from ._session import GraphSession
-
         exported_type = capture.exported.config.model_type if capture.module is not None else config.model_type
-        session_class = {"session_class": partial(GraphSession, model_type=exported_type)}
-        if opts.is_static:
-            from ._static import StaticSession
-
-            session_class = {"session_class": StaticSession}
-        manifest.validation = validate_graph(ov_model, capture, weight_format if not quant_mode else "int8", **session_class)
+        session = StaticSession if opts.is_static else functools.partial(GraphSession, model_type=exported_type)
+        manifest.validation = validate_graph(
+            ov_model, capture, weight_format if not quant_mode else "int8", session_class=session
+        )
     for key, value in manifest.rt_info().items():
         ov_model.set_rt_info(value, [RT_INFO_KEY, key])
     final.mkdir()
@@ -388,9 +384,7 @@ def _finish(raw: Path, final: Path, config, capture, reason, opts, model, quanti
             shutil.move(str(item), final / item.name)
     ov.save_model(ov_model, final / GRAPH_XML, compress_to_fp16=False)
     del ov_model
-    names = [GRAPH_XML, GRAPH_BIN] + [g.replace(".xml", ".bin") for g in graphs if g != GRAPH_XML] + [
-        g for g in graphs if g != GRAPH_XML]
-    manifest.files = hash_graph_files(final, sorted(n for n in names if (final / n).is_file()))
+    manifest.files = hash_graph_files(final, [GRAPH_BIN, GRAPH_XML])
     manifest.write(final)
     return manifest
 

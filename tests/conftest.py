@@ -55,6 +55,21 @@ def out_dir(request, tmp_path):
     return out
 
 
+def remote_code_llama(path: Path, module: str, class_name: str, code: str, **config_changes) -> Path:
+    """A tiny llama at `path` whose `AutoModelForCausalLM` is `module.class_name`, defined by `code`."""
+    import json
+
+    from optimum_shared_graph.testing import build_tiny_model
+
+    build_tiny_model("llama", path)
+    config = json.loads((path / "config.json").read_text())
+    config["auto_map"] = {"AutoModelForCausalLM": f"{module}.{class_name}"}
+    config.update(config_changes)
+    (path / "config.json").write_text(json.dumps(config))
+    (path / f"{module}.py").write_text(code)
+    return path
+
+
 def run_cli(*args: str, check: bool = False, timeout: int = 600) -> subprocess.CompletedProcess:
     """Run `optimum-cli` in a subprocess, as a user does."""
     env = dict(os.environ)

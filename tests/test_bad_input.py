@@ -7,7 +7,7 @@ import textwrap
 
 import pytest
 
-from conftest import error_line, run_cli, tree_snapshot
+from conftest import error_line, remote_code_llama, run_cli, tree_snapshot
 
 TASK = ["--task", "text-generation-shared"]
 
@@ -85,15 +85,8 @@ def test_model_type_unknown_to_transformers(tmp_path, out_dir):
 
 @pytest.fixture(scope="module")
 def flip_model(tmp_path_factory):
-    from optimum_shared_graph.testing import build_tiny_model
-
     path = tmp_path_factory.mktemp("flip") / "flip-llama"
-    build_tiny_model("llama", path)
-    config = json.loads((path / "config.json").read_text())
-    config["auto_map"] = {"AutoModelForCausalLM": "modeling_flip.FlipLlamaForCausalLM"}
-    (path / "config.json").write_text(json.dumps(config))
-    (path / "modeling_flip.py").write_text(_FLIP_MODELING)
-    return path
+    return remote_code_llama(path, "modeling_flip", "FlipLlamaForCausalLM", _FLIP_MODELING)
 
 
 def test_failed_validation_writes_nothing(flip_model, out_dir):

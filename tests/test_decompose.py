@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import EXACT, PROMPTS, run_cli
+from conftest import EXACT, PROMPTS, remote_code_llama, run_cli
 
 from optimum_shared_graph import ExportValidationError, export, read_manifest
 from optimum_shared_graph._manifest import sha256_file
@@ -198,15 +198,8 @@ def test_wrapper_exports_its_inner_causal_lm(wrapper_model, tmp_path):
 
 @pytest.fixture(scope="module")
 def decode_differs_model(tmp_path_factory):
-    from optimum_shared_graph.testing import build_tiny_model
-
     path = tmp_path_factory.mktemp("decode-differs") / "shift-llama"
-    build_tiny_model("llama", path)
-    config = json.loads((path / "config.json").read_text())
-    config["auto_map"] = {"AutoModelForCausalLM": "modeling_shift.DecodeShiftLlamaForCausalLM"}
-    (path / "config.json").write_text(json.dumps(config))
-    (path / "modeling_shift.py").write_text(_DECODE_DIFFERS_MODELING)
-    return path
+    return remote_code_llama(path, "modeling_shift", "DecodeShiftLlamaForCausalLM", _DECODE_DIFFERS_MODELING)
 
 
 def test_validation_checks_the_captured_decode_calls(decode_differs_model, tmp_path):

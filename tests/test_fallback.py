@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import json
 import textwrap
 
 import numpy as np
 import pytest
 import torch
 
-from conftest import EXACT, PROMPTS, error_line, run_cli, tree_snapshot
+from conftest import EXACT, PROMPTS, error_line, remote_code_llama, run_cli, tree_snapshot
 
 from optimum_shared_graph import read_manifest
 from optimum_shared_graph._manifest import sha256_file
@@ -61,15 +60,9 @@ def _assert_hashes(out, manifest):
 
 @pytest.fixture(scope="module")
 def opaque_model(tmp_path_factory):
-    from optimum_shared_graph.testing import build_tiny_model
-
     path = tmp_path_factory.mktemp("opaque") / "opaque-llama"
-    build_tiny_model("llama", path)
-    config = json.loads((path / "config.json").read_text())
-    config["auto_map"] = {"AutoModelForCausalLM": "modeling_opaque.OpaqueLlamaForCausalLM"}
-    config["architectures"] = ["OpaqueLlamaForCausalLM"]
-    (path / "config.json").write_text(json.dumps(config))
-    (path / "modeling_opaque.py").write_text(_OPAQUE_MODELING)
+    remote_code_llama(path, "modeling_opaque", "OpaqueLlamaForCausalLM", _OPAQUE_MODELING,
+                      architectures=["OpaqueLlamaForCausalLM"])
     return path
 
 

@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from conftest import EXACT, error_line, run_cli, tree_snapshot
+from conftest import EXACT, error_line, remote_code_llama, run_cli, tree_snapshot
 
 import optimum_shared_graph as osg
 from optimum_shared_graph import DecompositionError, InvalidOptionsError, RuntimeSelectionError, read_manifest
@@ -258,16 +258,10 @@ class PrefillPrefixForCausalLM(LlamaForCausalLM):
 '''
 
 
-def test_prefill_only_inputs_need_a_separate_prefill_graph(tiny_model, tmp_path):
+def test_prefill_only_inputs_need_a_separate_prefill_graph(tmp_path):
     """A model whose prefill writes inputs that decode never takes is refused, nothing written."""
-    import shutil
-
-    path = tmp_path / "prefill-prefix"
-    shutil.copytree(tiny_model("llama"), path)
-    (path / "modeling_prefill_prefix.py").write_text(_PREFILL_ONLY_MODELING)
-    config = json.loads((path / "config.json").read_text())
-    config["auto_map"] = {"AutoModelForCausalLM": "modeling_prefill_prefix.PrefillPrefixForCausalLM"}
-    (path / "config.json").write_text(json.dumps(config))
+    path = remote_code_llama(tmp_path / "prefill-prefix", "modeling_prefill_prefix", "PrefillPrefixForCausalLM",
+                             _PREFILL_ONLY_MODELING)
     out = tmp_path / "out"
     with pytest.raises(DecompositionError, match="needs a separate prefill graph: its prefill takes prefix_embeds") as info:
         osg.export(str(path), out, trust_remote_code=True)

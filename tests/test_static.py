@@ -104,6 +104,24 @@ def test_static_parity_across_architectures(model_type, tiny_model, tmp_path):
     assert torch.equal(_greedy(pt, ids, mask), _greedy(model, ids, mask))
 
 
+def test_grouped_query_attention_does_not_repeat_the_kv_buffers(static_artifact, tiny_model):
+    """The tiny llama has 4 query heads over 2 KV heads: no op of the static graph may produce the KV
+    buffers repeated per query head ([B, 4, capacity, head_dim]), which transformers' `repeat_kv` would."""
+    import openvino as ov
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(tiny_model("llama"))
+    assert config.num_attention_heads > config.num_key_value_heads  # the case this guards
+    graph = ov.Core().read_model(static_artifact(1, True) / "openvino_model.xml")
+    repeated = [2, config.num_attention_heads, CAPACITY, config.head_dim]
+    offenders = [op.get_friendly_name() for op in graph.get_ops()
+                 if any(list(out.get_partial_shape().to_shape()) == repeated for out in op.outputs())]
+    assert offenders == []
+    kv_shaped = [op for op in graph.get_ops() if op.get_type_name() == "ReadValue"]
+    assert kv_shaped and list(kv_shaped[0].get_output_partial_shape(0).to_shape()) == [2, config.num_key_value_heads,
+                                                                                      CAPACITY, config.head_dim]
+
+
 def test_capacity_is_used_to_the_last_slot(static_artifact, reference):
     """A prompt plus new tokens exactly at the capacity works (the window slides back near the end)."""
     pt, _ = reference

@@ -35,6 +35,7 @@ from typing import Any, Iterator
 import numpy as np
 
 from ._errors import InvalidOptionsError, SharedGraphError
+from ._progress import bar
 
 # Decode calls gathered after each prefill (ExportOptions.calibration_decode_steps has the default).
 
@@ -190,7 +191,8 @@ class BothStageSamples:
         request = compiled.create_infer_request()
         self._texts: list[dict[str, Any]] = []
         self._keys: list[tuple[int, int | None]] = []
-        for prompt in prompts:
+        desc = f"calibration: prefill + {decode_steps} decode calls per text"
+        for prompt in bar(desc, iterable=prompts, unit="text"):
             index = len(self._texts)
             text = self._generate(request, prompt)
             self._texts.append(text)

@@ -20,6 +20,7 @@ _FLAGS = {
     "fallback": "--fallback",
     "skip_validation": "--skip-validation",
     "calibration_decode_steps": "--calibration-decode-steps",
+    "quiet": "--quiet",
 }
 
 
@@ -47,6 +48,9 @@ def add_arguments(parser) -> None:
                        help="Data-aware quantization: decode calls calibrated after each text's prefill, with the "
                             "real KV cache (default 4; 0: prefill only). --dataset may also be a local text file, "
                             "one sample per line.")
+    group.add_argument("--quiet", action="store_true", default=None,
+                       help="No progress display (shown on stderr only when it is a terminal); the summary line "
+                            "is still printed.")
 
 
 def options_from_args(args) -> ExportOptions:

@@ -23,6 +23,7 @@ from typing import Any, Callable
 import numpy as np
 
 from ._errors import DecompositionError
+from ._progress import bar
 
 # Inputs every generation step may take; anything else the prefill takes but decode steps do not
 # (pixel values, encoder states, ...) means the prefill writes modality inputs into the cache.
@@ -136,6 +137,7 @@ def capture_generation(
                 last_logits=logits[:, -1, :].detach().float().cpu().numpy().copy(),
             )
         )
+        steps.update()
         return out
 
     from transformers import GenerationConfig
@@ -155,6 +157,7 @@ def capture_generation(
         config.pad_token_id = (eos[0] if isinstance(eos, list) else eos) if eos is not None else 0
     architecture = type(model).__name__
     recorded = architecture if module is None else f"{architecture}.{module} ({type(target).__name__})"
+    steps = bar(f"decomposition: {recorded}.forward()", total=max_new_tokens, unit="call")
     target.forward = recording_forward
     try:
         with torch.no_grad():
@@ -167,6 +170,7 @@ def capture_generation(
         ) from err
     finally:
         del target.forward  # back to the class's forward
+        steps.close()
     if len(calls) < max_new_tokens:
         raise DecompositionError(
             f"decomposition of {architecture} expected at least {max_new_tokens} calls to {recorded}.forward() "

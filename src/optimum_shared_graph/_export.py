@@ -18,6 +18,7 @@ from ._manifest import (
     GRAPH_BIN, GRAPH_XML, MANIFEST_NAME, RT_INFO_KEY, Manifest, describe_ports, hash_graph_files,
 )
 from ._options import ExportOptions
+from . import _progress
 from ._registration import BASE_TASK, TASK, register, supported_model_types
 from ._version_cap import lifted_cap
 
@@ -119,6 +120,15 @@ def run_export(
             directory (the CLI passes optimum-intel's own command so all its flags apply).
         quantization: what the manifest records of the quantization flags.
     """
+    stages = ["loading", "decomposing generate()", "converting (optimum-intel)"]
+    stages += (["static graph"] if opts.is_static else []) + ([] if opts.skip_validation else ["validating"])
+    with _progress.export_progress(stages + ["writing"], quiet=opts.quiet):
+        return _run_export(model, output_dir, opts, raw_export=raw_export, quantization=quantization)
+
+
+def _run_export(model: str, output_dir: str | os.PathLike, opts: ExportOptions, *, raw_export: RawExport,
+                quantization: dict[str, Any] | None) -> Manifest:
+    _progress.stage("loading")
     register()
     output = Path(output_dir).absolute()
     _check_output(output)
@@ -129,6 +139,7 @@ def run_export(
 
         static = resolve_static_shapes(config, opts)
     pt_model = _load_model(model, config, opts)
+    _progress.stage("decomposing generate()")
     capture, reason = _decompose(pt_model, model, opts, config)
     export_task = BASE_TASK if reason is None else _fallback.fallback_task(config)
     if reason is not None and opts.fallback == "never":
@@ -143,6 +154,7 @@ def run_export(
     if reason is not None:
         _fallback.warn(reason, export_task)
 
+    _progress.stage("converting (optimum-intel)")
     output.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{output.name}.", suffix=".partial", dir=output.parent))
     try:
@@ -176,6 +188,7 @@ def run_export(
         if static is not None:  # --shape-mode static: the static graph replaces optimum-intel's dynamic one
             from ._static import write_static_graph
 
+            _progress.stage("static graph")
             capture = write_static_graph(pt_model, raw, static, opts, capture=capture, reason=reason,
                                          weight_format=(quantization or {}).get("weight_format") or opts.weight_format)
         try:
@@ -320,6 +333,7 @@ def _finish(raw: Path, final: Path, config, capture, reason, opts, model, quanti
     import openvino as ov
 
     if reason is not None:
+        _progress.stage("writing")
         return _fallback.finish_fallback(raw, final, config, reason, opts, model, quantization)
     graphs = sorted(p.name for p in raw.glob("openvino_*model*.xml") if "tokenizer" not in p.name)
     if graphs != [GRAPH_XML]:
@@ -371,11 +385,13 @@ def _finish(raw: Path, final: Path, config, capture, reason, opts, model, quanti
         from ._static import StaticSession
         from ._validation import validate_graph
 
+        _progress.stage("validating")
         exported_type = capture.exported.config.model_type if capture.module is not None else config.model_type
         session = StaticSession if opts.is_static else functools.partial(GraphSession, model_type=exported_type)
         manifest.validation = validate_graph(
             ov_model, capture, weight_format if not quant_mode else "int8", session_class=session
         )
+    _progress.stage("writing")
     for key, value in manifest.rt_info().items():
         ov_model.set_rt_info(value, [RT_INFO_KEY, key])
     final.mkdir()

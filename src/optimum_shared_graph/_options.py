@@ -57,6 +57,9 @@ class ExportOptions:
             calibration text's prefill, with the real KV cache (0: prefill calls only, optimum-intel's
             behaviour). 4 keeps gathering cheap (one cache per text) while the set holds four decode
             calls for every prefill call.
+        quiet: no progress display. Progress (the export's stages, the generate() capture,
+            validation and calibration steps) goes to stderr only when it is a terminal; `quiet`
+            also turns off transformers' and huggingface_hub's progress bars during the export.
     """
 
     shape_mode: str = "dynamic"
@@ -74,6 +77,7 @@ class ExportOptions:
     validation_new_tokens: int = 16
     validation_prompt: str | None = None
     calibration_decode_steps: int = 4
+    quiet: bool = False
 
     def __post_init__(self) -> None:
         _choice("--shape-mode", self.shape_mode, SHAPE_MODES)

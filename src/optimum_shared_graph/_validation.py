@@ -6,6 +6,7 @@ import numpy as np
 
 from ._decompose import Capture
 from ._errors import ExportValidationError
+from ._progress import bar
 from ._session import EXACT_CONFIG, GraphSession
 
 # Largest allowed |logits difference| relative to max(1, max |PyTorch logit|). fp32 graphs differ
@@ -46,7 +47,8 @@ def validate_graph(ov_model, capture: Capture, weight_format: str | None, *, ses
     diffs, picks = [], []
     feed = capture.prompt_ids
     mask = capture.prompt_mask
-    for i, call in enumerate(capture.calls):
+    calls = bar("validation: prefill + decode calls", iterable=capture.calls, unit="call")
+    for i, call in enumerate(calls):
         logits = session.step(feed, mask)[:, -1, :].astype(np.float32)
         ref = call.last_logits
         diffs.append(float(np.max(np.abs(logits - ref))))

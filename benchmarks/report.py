@@ -9,6 +9,7 @@ from pathlib import Path
 # Targets, as ratios from one run on the Qwen2-0.5B-shaped model (issues 2 and 7).
 ISSUE2_TARGETS = {"ttft": 0.65, "gen_peak": 0.75, "tpot": 1.05}
 ISSUE7_TARGETS = {"bytes": 0.52, "export": 0.5, "compile": 0.35, "ttft": 0.65, "tpot_runtime_vs_genai": 1.10}
+ISSUE4_TARGETS = {"static_tpot": 1.10, "chunked_ttft": 0.2, "tpot_runtime_vs_genai": 1.10}
 
 HEADLINE_MODEL = "qwen2-0.5b"
 
@@ -83,8 +84,9 @@ def render(results: dict, plot_name: str | None) -> str:
     add(f"- Command: `{results['command'].strip()}` ({results['wall_s'] / 60:.1f} min, suite `{results['suite']}`)")
     add(f"- Run at: {time.strftime('%Y-%m-%d %H:%M', time.localtime())}; "
         f"commit {results['versions'].get('optimum-shared-graph commit')}")
-    add(f"- Each generation figure is the median over {settings['rounds']} fresh processes per layout "
-        f"x {settings['reps']} run(s) per prompt length, layouts interleaved round by round (order rotated). "
+    add(f"- Each generation figure is the median over fresh processes per layout (rounds) x timed runs per "
+        f"prompt length in each (the counts are given per model below), layouts interleaved round by round "
+        f"(order rotated). "
         f"Weights: checkpoints saved in {settings['model_dtype']}, every OpenVINO layout exported with "
         f"`--weight-format {settings['weight_format']}`; OpenVINO's shipped defaults otherwise "
         f"(KV cache f16 from the IR's runtime options, inference precision as the CPU plugin picks it).")
@@ -95,6 +97,7 @@ def render(results: dict, plot_name: str | None) -> str:
     add("")
     _issue2(results, add)
     _issue7(results, add)
+    _issue4(results, add)
     for name, model in results["models"].items():
         _model_tables(name, model, results, add, ARTIFACTS, ROWS)
     if plot_name:
@@ -197,6 +200,46 @@ def _issue7(results, add) -> None:
         add("")
 
 
+def _issue4(results, add) -> None:
+    """Static artifacts and runtime() against the dynamic artifact and GenAI (issue 4), from the same run."""
+    model = results["models"].get(HEADLINE_MODEL)
+    if not model:
+        return
+    gen = model["generation"]
+    rt, ga = gen.get("shared-runtime", {}), gen.get("shared-genai", {})
+    c1, c16 = gen.get("static-c1", {}), gen.get("static-c16", {})
+    n = "512"
+    if not c1.get("rounds") or n not in c1.get("ttft_s", {}):
+        return
+    cap = (model["artifacts"].get("static-c1") or {}).get("static_capacity")
+
+    def get(g, what, length):
+        return (g.get(what) or {}).get(length)
+
+    rows = [
+        (f"static C=1 TPOT / dynamic artifact TPOT, both through runtime(), {n}-token prompt",
+         get(c1, "tpot_s", n), get(rt, "tpot_s", n), ISSUE4_TARGETS["static_tpot"], _paired(c1.get("rounds", []), rt.get("rounds", []), "tpot_s", n)),
+        (f"static C=16 TTFT / static C=1 TTFT, {n}-token prompt", get(c16, "ttft_s", n), get(c1, "ttft_s", n),
+         ISSUE4_TARGETS["chunked_ttft"], _paired(c16.get("rounds", []), c1.get("rounds", []), "ttft_s", n)),
+    ]
+    for length in ("512", "1024"):
+        rows.append((f"runtime() TPOT / LLMPipeline TPOT on the same dynamic artifact, {length}-token prompt",
+                     get(rt, "tpot_s", length), get(ga, "tpot_s", length), ISSUE4_TARGETS["tpot_runtime_vs_genai"],
+                     _paired(rt.get("rounds", []), ga.get("rounds", []), "tpot_s", length)))
+    add(f"## Static artifacts and `runtime()` (`{HEADLINE_MODEL}`)")
+    add("")
+    add(f"Static artifacts exported with `--max-cache-len {cap or '?'}` (a static graph attends over its whole "
+        "capacity at every call, so a deployment sizes it to the longest prompt plus new tokens it serves).")
+    add("")
+    add("| ratio | a | b | a / b | per-round ratios | target | |")
+    add("|---|---:|---:|---:|---:|---:|---|")
+    for label, a, b, target, paired in rows:
+        spread = f"{min(paired):.2f}–{max(paired):.2f}" if paired else "–"
+        add(f"| {label} | {_s(a)} | {_s(b)} | {_r(_ratio(a, b))} | {spread} | <= {target:.2f}x | "
+            f"{_verdict(_ratio(a, b), target)} |")
+    add("")
+
+
 def _short(row: str) -> str:
     return {"shared-runtime": "runtime()", "shared-optimum": "OVModelForCausalLM", "shared-genai": "LLMPipeline"}[row]
 
@@ -208,7 +251,9 @@ def _model_tables(name, model, results, add, ARTIFACTS, ROWS) -> None:
     add(f"{s['model_type']}, hidden {s['hidden_size']}, {s['num_hidden_layers']} layers, "
         f"{s['num_attention_heads']} heads, {s['num_key_value_heads']} KV heads, intermediate "
         f"{s['intermediate_size']}, vocab {s['vocab_size']:,}, max positions {s['max_position_embeddings']:,}, "
-        f"tied embeddings: {s['tie_word_embeddings']}. Random init, no download.")
+        f"tied embeddings: {s['tie_word_embeddings']}. Random init, no download. Generation figures: median of "
+        f"{model['plan'].get('rounds') or results['settings']['rounds']} fresh process(es) per layout x "
+        f"{model['plan'].get('reps') or results['settings']['reps']} timed run(s) per prompt length.")
     add("")
     arts = model["artifacts"]
     two = arts.get("two-graph", {})
@@ -323,7 +368,8 @@ def _method(results, add) -> None:
         "of its work (weight repacking for dynamic shapes) to the first inference.")
     add("- Generation (`benchmarks/worker.py`): each layout runs in a fresh process per round. After loading, each "
         "prompt length gets one untimed warm-up generation, then timed greedy generations of "
-        f"{results['settings']['new_tokens']} new tokens (`min_new_tokens` set, EOS ignored). TTFT is the time from "
+        f"{results['settings']['new_tokens']} new tokens (EOS never ends a run: `eos_token_id=None` for "
+        "transformers' `generate()`, `ignore_eos` for GenAI). TTFT is the time from "
         "the `generate()` call to the first token handed to the streamer; TPOT is (last - first token time) / "
         "(tokens - 1). The two-graph layout is driven by a small numpy loop (`prefill` once, then `decode` per "
         "token, the KV cache copied between calls as a stateless layout requires).")

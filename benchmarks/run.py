@@ -67,6 +67,14 @@ ARTIFACTS = {a.key: a for a in [
 ]}
 
 
+# The prompt length of the static comparison (issue 4): only the rows that compare there run it.
+STATIC_PROMPT = 512
+STATIC_ONLY = (STATIC_PROMPT,)
+# Static artifacts hold this many KV slots: the longest static prompt plus its new tokens fits. A static
+# graph attends over its whole capacity at every call, so a deployment picks the capacity it needs.
+STATIC_CAPACITY = 1024
+
+
 @dataclass(frozen=True)
 class Row:
     """One runtime on one artifact: a line of the generation table."""
@@ -75,21 +83,24 @@ class Row:
     label: str
     artifact: str
     runtime: str  # worker.py --runtime
-    max_prompt: int | None = None  # longer prompts are not run (a C=1 static prefill is one call per token)
-    only: tuple[int, ...] | None = None  # run only these prompt lengths (diagnostic rows)
+    max_prompt: int | None = None  # longer prompts are not run
+    only: tuple[int, ...] | None = None  # run only these prompt lengths (diagnostic and static rows)
+    skip: tuple[int, ...] = ()  # not these (the static comparison's 512 is run by the rows it compares)
 
 
 ROWS = {r.key: r for r in [
-    Row("shared-optimum", "text-generation-shared, OVModelForCausalLM", "shared", "optimum"),
-    Row("withpast-optimum", "text-generation-with-past, OVModelForCausalLM", "with-past", "optimum"),
+    Row("shared-optimum", "text-generation-shared, OVModelForCausalLM", "shared", "optimum", skip=STATIC_ONLY),
+    Row("withpast-optimum", "text-generation-with-past, OVModelForCausalLM", "with-past", "optimum", skip=STATIC_ONLY),
     Row("shared-runtime", "text-generation-shared, optimum_shared_graph.runtime()", "shared", "runtime"),
     Row("shared-genai", "text-generation-shared, openvino_genai.LLMPipeline", "shared", "genai"),
-    Row("two-graph", "two-graph layout, prefill graph + decode graph", "two-graph", "twograph", max_prompt=1024),
-    Row("pytorch", "PyTorch eager generate() (fp32)", "pytorch", "torch", max_prompt=1024),
+    Row("two-graph", "two-graph layout, prefill graph + decode graph", "two-graph", "twograph", max_prompt=1024,
+        skip=STATIC_ONLY),
+    Row("pytorch", "PyTorch eager generate() (fp32)", "pytorch", "torch", max_prompt=1024, skip=STATIC_ONLY),
     Row("shared-raw", "text-generation-shared, bare OpenVINO infer loop (diagnostic)", "shared", "raw", only=(1024, 64)),
     Row("withpast-raw", "text-generation-with-past, bare OpenVINO infer loop (diagnostic)", "with-past", "raw", only=(1024, 64)),
-    Row("static-c1", "static C=1, optimum_shared_graph.runtime()", "static-c1", "static", max_prompt=128),
-    Row("static-c16", "static C=16, optimum_shared_graph.runtime()", "static-c16", "static", max_prompt=128),
+    # A C=1 static prefill is one call per prompt token: the static rows stop at the 512-token comparison.
+    Row("static-c1", "static C=1, optimum_shared_graph.runtime()", "static-c1", "static", only=(16, 64, 128, 512)),
+    Row("static-c16", "static C=16, optimum_shared_graph.runtime()", "static-c16", "static", only=(16, 64, 128, 512)),
 ]}
 
 
@@ -101,6 +112,8 @@ class Plan:
     artifacts: list[str]
     rows: list[str]
     prompt_lens: list[int]
+    rounds: int | None = None  # generation rounds (fresh processes per layout); None: --rounds
+    reps: int | None = None  # timed generations per prompt length per process; None: --reps
 
 
 # --quick: what a smoke test needs to cross every code path that matters, in about a minute.
@@ -119,11 +132,13 @@ def plans(args) -> list[Plan]:
     if args.suite == "issue2":
         return [Plan("qwen2-0.5b", ["shared", "with-past"],
                      ["shared-optimum", "withpast-optimum", "shared-raw", "withpast-raw"], [1024])]
+    main_rows = [r for r in ROWS if not r.endswith("-raw")]  # the bare infer loops are diagnostics
     return [
-        Plan("qwen2-0.5b", list(ARTIFACTS), list(ROWS), args.prompt_lens or [128, 1024, 2048]),
-        # The 1.1B model: the layout comparisons that scale with size, at one prompt length, to stay in budget.
+        Plan("qwen2-0.5b", list(ARTIFACTS), main_rows, args.prompt_lens or [128, STATIC_PROMPT, 1024, 2048]),
+        # The 1.1B model: the layout comparisons that scale with size, at one prompt length, in one round of
+        # three timed runs per layout, to stay in the 30-minute budget.
         Plan("tinyllama-1.1b", ["shared", "with-past", "two-graph", "pytorch"],
-             ["shared-optimum", "withpast-optimum", "shared-runtime", "shared-genai"], [1024]),
+             ["shared-optimum", "withpast-optimum", "shared-runtime", "shared-genai"], [1024], rounds=1, reps=3),
     ]
 
 
@@ -170,7 +185,7 @@ def checkpoint_bytes(path: Path) -> int:
 def export_all(plan: Plan, model_dir: Path, work: Path, args, progress: Progress) -> dict:
     out: dict[str, dict] = {}
     positions = models.MODELS[plan.model]["max_position_embeddings"]
-    max_cache = min(positions, 2048 if not args.quick else 128)  # the SPEC's default cap
+    max_cache = min(positions, STATIC_CAPACITY if not args.quick else 128)
     for key in plan.artifacts:
         artifact = ARTIFACTS[key]
         target = work / "artifacts" / plan.model / key
@@ -195,6 +210,8 @@ def export_all(plan: Plan, model_dir: Path, work: Path, args, progress: Progress
                         "export_wall_s": statistics.median(s["wall_s"] for s in samples),
                         "export_peak_mb": statistics.median(s["peak_rss_mb"] for s in samples),
                         "export_samples": samples}
+            if key.startswith("static-c"):
+                out[key]["static_capacity"] = max_cache
         progress.done()
     return out
 
@@ -229,18 +246,18 @@ def generate_all(plan: Plan, exports: dict, work: Path, args, progress: Progress
     for r in plan.rows:
         if r not in rows:
             results[r]["skipped"] = exports.get(ROWS[r].artifact, {}).get("skipped", "artifact not exported")
-    for rnd in range(args.rounds):
+    for rnd in range(plan.rounds or args.rounds):
         order = rows[rnd % len(rows):] + rows[:rnd % len(rows)] if rows else []
         for key in order:
             row = ROWS[key]
-            progress.step(f"{plan.model}: generate {key} ({rnd + 1}/{args.rounds})")
+            progress.step(f"{plan.model}: generate {key} ({rnd + 1}/{plan.rounds or args.rounds})")
             if "skipped" in results[key]:
                 progress.done()
                 continue
             load_before = os.getloadavg()[0]
             res = children.run_child(
                 children.python("worker.py", "--runtime", row.runtime, "--path", exports[row.artifact]["path"],
-                                "--prompt-lens", *map(str, row_lens(row, plan)), "--reps", str(args.reps),
+                                "--prompt-lens", *map(str, row_lens(row, plan)), "--reps", str(plan.reps or args.reps),
                                 "--new-tokens", str(args.new_tokens), "--vocab", str(vocab), "--seed", str(rnd)),
                 log=work / "logs" / f"generate-{plan.model}-{key}-{rnd}.log",
             )
@@ -265,7 +282,7 @@ def generate_all(plan: Plan, exports: dict, work: Path, args, progress: Progress
 
 def row_lens(row: Row, plan: Plan) -> list[int]:
     lens = [n for n in plan.prompt_lens if (row.max_prompt is None or n <= row.max_prompt)
-            and (row.only is None or n in row.only)]
+            and (row.only is None or n in row.only) and n not in row.skip]
     return lens or [min(plan.prompt_lens)]
 
 
@@ -372,8 +389,8 @@ def main(argv: list[str] | None = None) -> int:
     work.mkdir(parents=True, exist_ok=True)
     started = time.time()
     todo = plans(args)
-    total = sum(1 + len(p.artifacts) + args.rounds * (len([a for a in p.artifacts if ARTIFACTS[a].graphs])
-                                                       + len(p.rows)) for p in todo) + 1
+    total = sum(1 + len(p.artifacts) + args.rounds * len([a for a in p.artifacts if ARTIFACTS[a].graphs])
+                + (p.rounds or args.rounds) * len(p.rows) for p in todo) + 1
     progress = Progress(total, enabled=not args.quiet and sys.stderr.isatty())
     results: dict = {"suite": "quick" if args.quick else args.suite, "machine": machine(), "versions": versions(),
                      "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},

@@ -13,8 +13,10 @@ Prints one JSON object on the last line of stdout:
 
 Token times come from each runtime's streamer (the moment a token is handed back to the caller).
 Prompts are random token ids (seeded; a new prompt for every run, identical across runtimes), batch 1,
-greedy; `min_new_tokens` keeps EOS from ending a run early. Every prompt length gets one untimed
-warm-up run first (the first inference at a new shape is slower).
+greedy; EOS never ends a run early (`eos_token_id=None` for transformers' `generate()`, `ignore_eos` for
+GenAI: each runtime's own way, with no per-token check). Every prompt length gets one untimed warm-up
+run first (the first inference at a new shape is slower); a static graph, which has one shape, is warmed
+up once.
 """
 
 from __future__ import annotations
@@ -84,7 +86,7 @@ def _hf_generate(model) -> Generate:
         with torch.inference_mode():
             out = model.generate(
                 input_ids=input_ids, attention_mask=torch.ones_like(input_ids), max_new_tokens=n_new,
-                min_new_tokens=n_new, do_sample=False, streamer=stamps, pad_token_id=0,
+                eos_token_id=None, do_sample=False, streamer=stamps, pad_token_id=0,
             )
         return stamps.times, out[0, ids.shape[1]:].tolist()
 
@@ -257,8 +259,9 @@ def measure(runtime: str, path: str, prompt_lens: list[int], reps: int, new_toke
               "load_peak_mb": peak_since_reset_mb(), "ttft_s": {}, "tpot_s": {}, "gen_peak_mb": {}, "tokens": {}}
     for n in prompt_lens:
         reset_peak()
-        if warmup:
-            generate(prompt(seed, n, 10_000, vocab), 2)  # first inference at a new shape is slower
+        # The first inference at a new shape is slower; a static graph has one shape, warmed up once.
+        if warmup and (runtime != "static" or n == prompt_lens[0]):
+            generate(prompt(seed, n, 10_000, vocab), 2)
         ttft, tpot = [], []
         for i in range(reps):
             t0 = time.perf_counter()

@@ -164,6 +164,8 @@ def _run_export(model: str, output_dir: str | os.PathLike, opts: ExportOptions, 
         source = model
         if capture is not None and capture.module is not None:  # the inner causal LM generate() drives
             source = str(save_exported_model(capture, model, staging / "inner", trust_remote_code=opts.trust_remote_code))
+        if static is None:  # validation needs only the captured calls: free the fp32 copy before optimum-intel loads its own
+            pt_model = _release_pytorch(capture)
         try:
             if export_task == BASE_TASK:
                 cap_type = capture.exported.config.model_type if source != model else config.model_type
@@ -320,13 +322,37 @@ def _decompose(pt_model, model: str, opts: ExportOptions, config=None) -> tuple[
     return capture, None
 
 
+class _Released:
+    """Stands in for a released PyTorch model: its class name and config, none of its weights."""
+
+    def __init__(self, model):
+        self.config = model.config
+        self.architecture = type(model).__name__
+
+
+def _release_pytorch(capture) -> None:
+    """Drop this export's references to the PyTorch model once its calls are captured.
+
+    A dynamic export validates against the captured calls (inputs and the logits PyTorch returned), so
+    the fp32 copy loaded for the decomposition is not needed while optimum-intel converts the model from
+    its own load: releasing it keeps the two loads from adding up (a model passed in by the caller stays
+    the caller's). Returns None, the new value of the caller's reference.
+    """
+    import gc
+
+    if capture is not None and capture.exported is not None:
+        capture.exported = _Released(capture.exported)
+    gc.collect()
+    return None
+
+
 def _exported_module(capture) -> dict:
     """What the manifest records when the shared graph is a wrapper's inner causal LM."""
     if capture is None or capture.module is None:
         return {}
     inner = capture.exported
     return {"exported_module": capture.module, "exported_model_type": inner.config.model_type,
-            "exported_architecture": type(inner).__name__}
+            "exported_architecture": getattr(inner, "architecture", type(inner).__name__)}
 
 
 def _finish(raw: Path, final: Path, config, capture, reason, opts, model, quantization, calibration=None) -> Manifest:

@@ -165,7 +165,8 @@ def _run_export(model: str, output_dir: str | os.PathLike, opts: ExportOptions, 
         if capture is not None and capture.module is not None:  # the inner causal LM generate() drives
             source = str(save_exported_model(capture, model, staging / "inner", trust_remote_code=opts.trust_remote_code))
         if static is None:  # validation needs only the captured calls: free the fp32 copy before optimum-intel loads its own
-            pt_model = _release_pytorch(capture)
+            pt_model = None
+            _release_pytorch(capture)
         try:
             if export_task == BASE_TASK:
                 cap_type = capture.exported.config.model_type if source != model else config.model_type
@@ -331,19 +332,18 @@ class _Released:
 
 
 def _release_pytorch(capture) -> None:
-    """Drop this export's references to the PyTorch model once its calls are captured.
+    """Drop the capture's reference to the PyTorch model and collect it (the caller drops its own first).
 
     A dynamic export validates against the captured calls (inputs and the logits PyTorch returned), so
     the fp32 copy loaded for the decomposition is not needed while optimum-intel converts the model from
     its own load: releasing it keeps the two loads from adding up (a model passed in by the caller stays
-    the caller's). Returns None, the new value of the caller's reference.
+    the caller's).
     """
     import gc
 
     if capture is not None and capture.exported is not None:
         capture.exported = _Released(capture.exported)
     gc.collect()
-    return None
 
 
 def _exported_module(capture) -> dict:

@@ -23,9 +23,10 @@ token plus C - 1 masked slots, and the capacity is used to the last slot.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 
@@ -102,6 +103,8 @@ def export_static_graph(pt_model, shapes: StaticShapes, *, logits: str, stateful
     from openvino.frontend.pytorch.ts_decoder import TorchScriptPythonDecoder
     from optimum.exporters import openvino as _registers_openvino_configs  # noqa: F401
     from optimum.exporters.tasks import TasksManager
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
     B, C, cap = shapes.batch_size, shapes.query_len, shapes.cache_len
     kv_shapes = _kv_shapes(pt_model, B, cap)
@@ -133,7 +136,9 @@ def export_static_graph(pt_model, shapes: StaticShapes, *, logits: str, stateful
         names += [f"past_key_values.{i}.key", f"past_key_values.{i}.value"]
     args = tuple(example.values()) + tuple(past)
 
-    with torch.no_grad(), patcher, _static_query_length_masks(), _grouped_query_sdpa():
+    masks = _wrapped_in(ALL_MASK_ATTENTION_FUNCTIONS, ("sdpa", "eager"), _with_int_query_length)
+    attention = _wrapped_in(ALL_ATTENTION_FUNCTIONS, ("sdpa",), _grouped_sdpa)
+    with torch.no_grad(), patcher, masks, attention:
         decoder = TorchScriptPythonDecoder(wrapper, example_input=args, trace_kwargs={"check_trace": False})
         ov_model = ov.convert_model(decoder, example_input=args, input=[(tuple(a.shape), _ov_type(a)) for a in args])
     for port, name in zip(ov_model.inputs, names):
@@ -163,31 +168,23 @@ def export_static_graph(pt_model, shapes: StaticShapes, *, logits: str, stateful
     return ov_model
 
 
-class _static_query_length_masks:
-    """Inside optimum-intel's patcher: build attention masks with the query length as a constant.
-
-    The patcher's mask functions derive query positions as `arange(offset, offset + q_length)`,
-    whose length OpenVINO cannot infer when the offset is a graph value (the static cache's write
-    position). With `q_length` a Python int, transformers builds `arange(C) + offset`: static.
-    """
-
-    def __enter__(self):
-        from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
-
-        self.saved = {key: ALL_MASK_ATTENTION_FUNCTIONS[key] for key in ("sdpa", "eager")}
-        for key, inner in self.saved.items():
-            ALL_MASK_ATTENTION_FUNCTIONS.register(key, _with_int_query_length(inner))
-        return self
-
-    def __exit__(self, *exc):
-        from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
-
-        for key, inner in self.saved.items():
-            ALL_MASK_ATTENTION_FUNCTIONS.register(key, inner)
+@contextlib.contextmanager
+def _wrapped_in(interface, keys: tuple[str, ...], wrap) -> Iterator[None]:
+    """Inside the static trace: the functions `keys` of a transformers interface (its mask or attention
+    functions) replaced by `wrap(function)`, and restored after."""
+    saved = {key: interface[key] for key in keys}
+    for key, inner in saved.items():
+        interface.register(key, wrap(inner))
+    try:
+        yield
+    finally:
+        for key, inner in saved.items():
+            interface.register(key, inner)
 
 
-class _grouped_query_sdpa:
-    """Inside the static trace: grouped-query attention without repeating the KV buffers per query head.
+def _grouped_sdpa(inner):
+    """transformers' SDPA attention for the static trace: grouped-query attention without repeating the
+    KV buffers per query head.
 
     transformers' SDPA attention repeats each KV head for its group of query heads (`repeat_kv`)
     before attending. Over a fixed-capacity cache that copies `capacity x heads` keys and values per
@@ -198,20 +195,6 @@ class _grouped_query_sdpa:
     no copy. Any call this does not cover (no groups, no mask, a per-head mask) keeps transformers' own path.
     """
 
-    def __enter__(self):
-        from transformers.modeling_utils import AttentionInterface
-
-        self.saved = AttentionInterface._global_mapping["sdpa"]
-        AttentionInterface.register("sdpa", _grouped_sdpa(self.saved))
-        return self
-
-    def __exit__(self, *exc):
-        from transformers.modeling_utils import AttentionInterface
-
-        AttentionInterface.register("sdpa", self.saved)
-
-
-def _grouped_sdpa(inner):
     def attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, is_causal=None, **kwargs):
         import torch
 
@@ -232,6 +215,13 @@ def _grouped_sdpa(inner):
 
 
 def _with_int_query_length(inner):
+    """A transformers mask function for the static trace: the query length as a constant.
+
+    optimum-intel's patched mask functions derive query positions as `arange(offset, offset + q_length)`,
+    whose length OpenVINO cannot infer when the offset is a graph value (the static cache's write
+    position). With `q_length` a Python int, transformers builds `arange(C) + offset`: static.
+    """
+
     def mask(**kwargs):
         import torch
 

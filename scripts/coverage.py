@@ -138,7 +138,6 @@ def _compare(name: str, ref, scores, ours, prompt_len: int) -> str | None:
 
 def _check_runtimes(model_dir: Path, out: Path, result: dict) -> list:
     """Greedy parity of the dynamic artifact through OVModelForCausalLM and GenAI; returns PyTorch's references."""
-    import openvino as ov
     import torch
     from optimum.intel import OVModelForCausalLM
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -165,42 +164,33 @@ def _check_runtimes(model_dir: Path, out: Path, result: dict) -> list:
         result["ovmodel"] = f"OVModelForCausalLM failed: {type(err).__name__}: {_first_line(err)}"
 
     try:
-        import openvino_genai as ov_genai
-
-        pipe = ov_genai.LLMPipeline(str(out), "CPU", **EXACT)
-        config = ov_genai.GenerationConfig(max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, ignore_eos=True)
-        problems = []
-        for enc, ref, scores in refs:
-            inputs = ov_genai.TokenizedInputs(ov.Tensor(enc["input_ids"].numpy()), ov.Tensor(enc["attention_mask"].numpy()))
-            ours = list(pipe.generate(inputs, config).tokens[0])
-            problem = _compare("GenAI", ref, scores, ours, enc["input_ids"].shape[1])
-            if problem:
-                problems.append(problem)
-        result["genai"] = "parity" if not problems else problems[0]
-        del pipe
-        if problems:  # tell GenAI's default PagedAttention backend apart from the graph as exported
-            result["genai"] += "; " + _genai_sdpa_backend(out, refs)
+        problem = _genai_problem(out, refs, "GenAI")
+        result["genai"] = problem or "parity"
+        if problem:  # tell GenAI's default PagedAttention backend apart from the graph as exported:
+            # ATTENTION_BACKEND="SDPA" runs the stateful graph as exported, without GenAI's rewrite
+            result["genai"] += "; " + (
+                _genai_problem(out, refs, "GenAI (SDPA backend)", ATTENTION_BACKEND="SDPA")
+                or "with ATTENTION_BACKEND=SDPA (the graph as exported) GenAI has parity: the difference comes from "
+                   "GenAI's default PagedAttention rewrite")
     except Exception as err:  # noqa: BLE001
         result["genai"] = f"GenAI failed: {type(err).__name__}: {_first_line(err)}"
     return refs
 
 
-def _genai_sdpa_backend(out: Path, refs: list) -> str:
-    """GenAI again with `ATTENTION_BACKEND="SDPA"`: the stateful graph as exported, without the
-    PagedAttention rewrite GenAI applies by default on CPU."""
+def _genai_problem(out: Path, refs: list, label: str, **properties) -> str | None:
+    """Greedy generation through GenAI's `LLMPipeline` (f32, plus `properties`) against PyTorch's
+    references: the first difference, or None."""
     import openvino as ov
     import openvino_genai as ov_genai
 
-    pipe = ov_genai.LLMPipeline(str(out), "CPU", ATTENTION_BACKEND="SDPA", **EXACT)
+    pipe = ov_genai.LLMPipeline(str(out), "CPU", **EXACT, **properties)
     config = ov_genai.GenerationConfig(max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, ignore_eos=True)
     for enc, ref, scores in refs:
         inputs = ov_genai.TokenizedInputs(ov.Tensor(enc["input_ids"].numpy()), ov.Tensor(enc["attention_mask"].numpy()))
-        problem = _compare("GenAI (SDPA backend)", ref, scores, list(pipe.generate(inputs, config).tokens[0]),
-                           enc["input_ids"].shape[1])
+        problem = _compare(label, ref, scores, list(pipe.generate(inputs, config).tokens[0]), enc["input_ids"].shape[1])
         if problem:
             return problem
-    return ("with ATTENTION_BACKEND=SDPA (the graph as exported) GenAI has parity: the difference comes from "
-            "GenAI's default PagedAttention rewrite")
+    return None
 
 
 def _validation_flip_evidence(model_dir: Path, reason: str) -> str:

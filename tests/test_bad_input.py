@@ -139,12 +139,13 @@ def test_invalid_flags(flags, message, tiny_model, out_dir):
     _assert_unchanged(out_dir, before)
 
 
-def test_plugin_flags_refused_with_other_tasks(tiny_model, tmp_path):
+@pytest.mark.parametrize("flags", [["--logits", "all"], ["--quiet"]], ids=["logits", "quiet"])
+def test_plugin_flags_refused_with_other_tasks(flags, tiny_model, tmp_path):
     out = tmp_path / "with-past"
     proc = run_cli("export", "openvino", "-m", str(tiny_model("gpt2")), "--task", "text-generation-with-past",
-                   "--logits", "all", str(out))
+                   *flags, str(out))
     assert proc.returncode != 0
-    assert "--logits only applies with --task text-generation-shared" in error_line(proc)
+    assert f"{flags[0]} only applies with --task text-generation-shared" in error_line(proc)
     assert not out.exists()
 
 

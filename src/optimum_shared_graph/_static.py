@@ -78,7 +78,11 @@ def resolve_static_shapes(config, opts: ExportOptions) -> StaticShapes:
             f"--static-query-len ({opts.static_query_len}) cannot exceed the KV capacity ({capacity}): "
             "lower the query length or raise --max-cache-len"
         )
-    return StaticShapes(batch_size=opts.static_batch_size, query_len=opts.static_query_len, cache_len=capacity)
+    shapes = StaticShapes(batch_size=opts.static_batch_size, query_len=opts.static_query_len, cache_len=capacity)
+    from ._calibration import expect_static_quantization
+
+    expect_static_quantization(shapes, opts)  # the quantization combinations, checked here too
+    return shapes
 
 
 # --------------------------------------------------------------------------------------------- export
@@ -151,14 +155,7 @@ def export_static_graph(pt_model, shapes: StaticShapes, *, logits: str, stateful
     if logits == "last":
         _slice_logits_to_last_attended(ov_model)
     if stateful:
-        from optimum.exporters.openvino.stateful import fuse_cache_reorder, make_stateful
-
-        kv_in = [n for n in names if n.startswith("past_key_values")]
-        kv_out = [n for n in out_names if n.startswith("present")]
-        # cache_position has no batch axis: keep it out of the list whose axis 0 make_stateful sets to B.
-        not_kv = [p for p in ov_model.inputs if p.get_any_name() not in kv_in and p.get_any_name() != "cache_position"]
-        fuse_cache_reorder(ov_model, not_kv, kv_in, 0)
-        make_stateful(ov_model, not_kv, kv_in, kv_out, 0, B)
+        make_static_stateful(ov_model)
     if ov_model.is_dynamic():
         dynamic = [p.get_any_name() for p in list(ov_model.inputs) + list(ov_model.outputs) if p.get_partial_shape().is_dynamic]
         raise ModelNotSupportedError(
@@ -166,6 +163,21 @@ def export_static_graph(pt_model, shapes: StaticShapes, *, logits: str, stateful
             "use --shape-mode dynamic for this model"
         )
     return ov_model
+
+
+def make_static_stateful(ov_model) -> None:
+    """Hide a stateless static graph's KV buffers as internal state, in place, with optimum-intel's
+    `fuse_cache_reorder` (adds `beam_idx`) and `make_stateful`: what `export_static_graph(stateful=True)`
+    does, also applied after quantizing the stateless graph."""
+    from optimum.exporters.openvino.stateful import fuse_cache_reorder, make_stateful
+
+    kv_in = [p.get_any_name() for p in ov_model.inputs if p.get_any_name().startswith("past_key_values")]
+    kv_out = [p.get_any_name() for p in ov_model.outputs if p.get_any_name().startswith("present")]
+    # cache_position has no batch axis: keep it out of the list whose axis 0 make_stateful sets to B.
+    not_kv = [p for p in ov_model.inputs if p.get_any_name() not in kv_in and p.get_any_name() != "cache_position"]
+    batch = ov_model.input("input_ids").get_partial_shape()[0].get_length()
+    fuse_cache_reorder(ov_model, not_kv, kv_in, 0)
+    make_stateful(ov_model, not_kv, kv_in, kv_out, 0, batch)
 
 
 @contextlib.contextmanager
@@ -377,9 +389,13 @@ def write_static_graph(
     """Replace the graph optimum-intel wrote in `raw` with the static graph; return the capture to validate on.
 
     optimum-intel's own export still writes everything else (config, generation config, tokenizer
-    files) and its rt_info is kept; only `openvino_model.xml/.bin` are replaced. Weight formats are
-    applied with NNCF's data-free weight compression. When the captured prompt and its greedy
-    tokens do not fit the capacity, `generate()` is captured again on a prompt that fits.
+    files) and its rt_info is kept; only `openvino_model.xml/.bin` are replaced. Data-free weight
+    formats are applied with NNCF's data-free weight compression. A data-aware quantization config
+    (which the `_main_quantize` hook of `both_stage_quantization` kept for this export instead of
+    quantizing optimum-intel's dynamic graph) is calibrated on the calls a static runtime makes, on
+    the stateless static graph, then the graph is made stateful if asked (`_calibration.
+    quantize_static_graph`). When the captured prompt and its greedy tokens do not fit the capacity,
+    `generate()` is captured again on a prompt that fits.
 
     Raises:
         DecompositionError: the decomposition failed (`reason`): a static graph needs the shared one.
@@ -393,17 +409,26 @@ def write_static_graph(
         raise DecompositionError(
             f"{reason}; --shape-mode static needs the one shared graph, so it has no fallback: use --shape-mode dynamic"
         )
+    from ._calibration import pending_static_quantization, quantize_static_graph
+
     target = capture.exported if capture is not None and capture.exported is not None else pt_model
+    pending = pending_static_quantization()
+    calibrate = pending is not None and pending.config is not None
     core = ov.Core()
     reference = core.read_model(raw / GRAPH_XML)
-    ov_model = export_static_graph(target, shapes, logits=opts.logits, stateful=opts.stateful)
+    ov_model = export_static_graph(target, shapes, logits=opts.logits, stateful=opts.stateful and not calibrate)
     for key in ("optimum", "runtime_options"):
         if reference.has_rt_info(key):
             for name, value in reference.get_rt_info()[key].items():
                 ov_model.set_rt_info(value.astype(str), [key, name])
     del reference
     fmt = weight_format or "fp32"
-    if fmt not in ("fp32", "fp16"):
+    if calibrate:  # traced stateless: every calibration call carries its KV buffers as inputs
+        ov_model = quantize_static_graph(ov_model, raw, pending)
+        if opts.stateful:
+            make_static_stateful(ov_model)
+        fmt = "fp32"  # the quantized graph is saved as NNCF left it
+    elif fmt not in ("fp32", "fp16"):
         ov_model = _compress_weights(ov_model, fmt, opts)
     (raw / GRAPH_XML).unlink()
     (raw / GRAPH_BIN).unlink(missing_ok=True)
@@ -431,11 +456,7 @@ def _capture_that_fits(pt_model, capture, shapes: StaticShapes, opts: ExportOpti
 
 
 def _compress_weights(ov_model, fmt: str, opts: ExportOptions):
-    if opts.quantization_config is not None:
-        raise InvalidOptionsError(
-            "data-aware quantization (--quant-mode, --dataset, AWQ, GPTQ, ...) is not available with --shape-mode static yet: "
-            "use a data-free --weight-format, or --shape-mode dynamic"
-        )
+    """Data-free weight compression of the static graph (`--weight-format` without calibration)."""
     import nncf
 
     modes = {

@@ -12,7 +12,7 @@ import torch
 from conftest import EXACT, PROMPTS
 
 import optimum_shared_graph as osg
-from optimum_shared_graph import ManifestError, RuntimeSelectionError, read_manifest
+from optimum_shared_graph import InvalidOptionsError, ManifestError, RuntimeSelectionError, read_manifest
 from optimum_shared_graph import _runtime
 from optimum_shared_graph._runtime_openvino import OpenVINOProvider
 
@@ -283,3 +283,43 @@ def test_runtime_reads_the_manifest(dynamic_artifact):
     model = osg.runtime(dynamic_artifact())
     assert model.manifest == read_manifest(dynamic_artifact())
     assert model.stateful and not model.is_static
+
+
+def test_generation_loop_runs_on_one_torch_thread_and_restores_it(dynamic_artifact, reference):
+    """transformers' per-token tensor work runs on `torch_threads` PyTorch threads (default 1) while
+    OpenVINO runs the graph; the process's own setting is back afterwards, also after an error."""
+    from transformers.generation.streamers import BaseStreamer
+
+    pt, tok = reference
+    enc = tok([PROMPTS[0]], return_tensors="pt")
+
+    class Threads(BaseStreamer):
+        def __init__(self):
+            self.seen = set()
+
+        def put(self, value):
+            self.seen.add(torch.get_num_threads())
+
+        def end(self):
+            pass
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        for option, expected in ((1, {1}), (None, {2}), (2, {2})):
+            model = osg.runtime(dynamic_artifact(), ov_config=EXACT, torch_threads=option)
+            streamer = Threads()
+            out = model.generate(**enc, streamer=streamer, **_kwargs(do_sample=False))
+            assert streamer.seen == expected, option
+            assert torch.get_num_threads() == 2
+        assert torch.equal(out, pt.generate(**enc, **_kwargs(do_sample=False)))
+        with pytest.raises(ValueError, match="not used by the model"):  # raised inside transformers' generate()
+            osg.runtime(dynamic_artifact(), torch_threads=1).generate(**enc, **_kwargs(do_sample=False), bogus=1)
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_invalid_torch_threads_is_refused(dynamic_artifact):
+    with pytest.raises(InvalidOptionsError, match="torch_threads must be 1 or more"):
+        osg.runtime(dynamic_artifact(), torch_threads=0)

@@ -8,17 +8,21 @@ is optimum-intel's `OVModelForCausalLM` (so greedy, sampling, beam search, strea
   prompt plus `max_new_tokens` over the capacity refused before any inference;
 - `logits=all` artifacts support assisted decoding: the cache handed to transformers can `crop()`,
   which trims the KV state (or the KV inputs, or the static cache's fill) after rejected candidates;
-- on `logits=last` artifacts, assisted decoding is refused with one clear line.
+- on `logits=last` artifacts, assisted decoding is refused with one clear line;
+- `generate()` runs transformers' loop on one PyTorch thread (`torch_threads`): its tensor work per
+  token is a few small operations, and PyTorch's worker threads otherwise compete for the cores with
+  OpenVINO's, which run the graph.
 """
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from ._errors import RuntimeSelectionError
+from ._errors import InvalidOptionsError, RuntimeSelectionError
 from ._manifest import GRAPH_XML, Manifest
 
 
@@ -29,7 +33,7 @@ class OpenVINOProvider:
     capabilities = frozenset({"generation", "static", "stateless", "logits-all"})
 
     def load(self, path: str | Path, manifest: Manifest, *, device: str = "CPU", ov_config: dict | None = None,
-             **kwargs: Any):
+             torch_threads: int | None = 1, **kwargs: Any):
         """Load the artifact at `path` as a `generate()`-capable model.
 
         Args:
@@ -37,6 +41,8 @@ class OpenVINOProvider:
             manifest: its checked manifest.
             device: the OpenVINO device.
             ov_config: OpenVINO compile properties (e.g. `{"INFERENCE_PRECISION_HINT": "f32"}`).
+            torch_threads: PyTorch threads for the generation loop's own tensor work while `generate()`
+                runs (restored after); `None` leaves PyTorch's setting as it is.
             **kwargs: passed to optimum-intel's model constructor.
         """
         import openvino as ov
@@ -51,10 +57,12 @@ class OpenVINOProvider:
         if getattr(generation_config, "cache_implementation", None) is not None:
             generation_config.cache_implementation = None
         model = ov.Core().read_model(path / GRAPH_XML)
+        if torch_threads is not None and torch_threads < 1:
+            raise InvalidOptionsError(f"torch_threads must be 1 or more (or None to leave PyTorch's setting), got {torch_threads}")
         cls = _model_class(config, manifest)
         return cls(
             model=model, config=config, device=device, ov_config=ov_config or {}, model_save_dir=path,
-            generation_config=generation_config, manifest=manifest, **kwargs,
+            generation_config=generation_config, manifest=manifest, torch_threads=torch_threads, **kwargs,
         )
 
 
@@ -83,8 +91,9 @@ class _CroppableCache(list):
 class _SharedGraphMixin:
     """What a `text-generation-shared` artifact adds to optimum-intel's `OVModelForCausalLM`."""
 
-    def __init__(self, *args, manifest: Manifest, **kwargs):
+    def __init__(self, *args, manifest: Manifest, torch_threads: int | None = 1, **kwargs):
         self.manifest = manifest
+        self.torch_threads = torch_threads
         self.is_static = manifest.shape_mode == "static"
         self._static_session = None
         super().__init__(*args, **kwargs)
@@ -138,7 +147,8 @@ class _SharedGraphMixin:
                 length = ids.shape[1]
                 new = config.max_new_tokens if config.max_new_tokens is not None else config.max_length - length
                 self.static_session.check_fits(rows, length + max(0, new))
-        return super().generate(inputs, generation_config, *args, assistant_model=assistant_model, **kwargs)
+        with _torch_threads(self.torch_threads):
+            return super().generate(inputs, generation_config, *args, assistant_model=assistant_model, **kwargs)
 
     def forward(self, input_ids, attention_mask=None, past_key_values=None, position_ids=None, **kwargs):
         if self.is_static:
@@ -194,6 +204,22 @@ class _SharedGraphMixin:
         else:
             for i, layer in enumerate(cache):
                 cache[i] = tuple(np.ascontiguousarray(t[..., :length, :]) for t in layer)
+
+
+@contextlib.contextmanager
+def _torch_threads(count: int | None):
+    """PyTorch's intra-op thread count set to `count` while active (`None`: unchanged)."""
+    import torch
+
+    before = torch.get_num_threads()
+    if count is None or count == before:
+        yield
+        return
+    torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def _state_sequence_axes(model) -> dict[str, int]:

@@ -223,3 +223,18 @@ def test_activation_range_estimator_reaches_nncf_through_optimum_intel_config():
     kept = _with_activation_range(OVQuantizationConfig(advanced_parameters=chosen), "MINMAX")
     assert (kept.to_nncf_dict()["advanced_parameters"].activations_range_estimator_params
             == RangeEstimatorParametersSet.MEAN_QUANTILE)  # a user's own estimator wins
+
+
+def test_api_takes_a_local_dataset_file(model_path, dataset_file, tmp_path):
+    """`export(quantization_config={..., "dataset": "file.txt"})` reads the file, as `--dataset` does,
+    and the manifest names the file."""
+    import optimum_shared_graph as osg
+
+    out = tmp_path / "api-int4-awq"
+    config = {"bits": 4, "group_size": 64, "ratio": 1.0, "quant_method": "awq", "dataset": str(dataset_file)}
+    manifest = osg.export(str(model_path), out, quantization_config=config, calibration_decode_steps=DECODE_STEPS)
+    assert manifest.quantization["dataset"] == str(dataset_file)
+    assert manifest.quantization["weight_format"] == "int4"
+    assert manifest.quantization["calibration_samples"] == {"prefill": len(CALIBRATION_TEXTS),
+                                                             "decode": len(CALIBRATION_TEXTS) * DECODE_STEPS}
+    assert read_manifest(out) == manifest

@@ -1,8 +1,9 @@
 """Every example in the README and docs runs as written.
 
 Each page's code blocks run in order in a fresh directory holding `./my-model` (a tiny random-init
-llama with a local tokenizer): ```python blocks in one Python process per page, and the
-`optimum-cli export` lines of ```bash blocks as commands. Blocks that install packages or use
+llama with a local tokenizer) and `./calibration.txt` (a few lines of text, the local calibration
+dataset the quantization examples name): ```python blocks in one Python process per page, and the
+`optimum-cli export` commands of ```bash blocks (with their `\`-continued lines) as commands. Blocks that install packages or use
 upper-case placeholders (MODEL, OUT) are not runnable as written and are skipped.
 """
 
@@ -29,6 +30,7 @@ def _runnable(page: Path):
         if _PLACEHOLDER.search(code) or "pip install" in code or "[FLAGS]" in code:
             continue
         if lang == "bash":
+            code = re.sub(r"\\\n\s*", " ", code)  # a command continued over several lines is one command
             lines = [line for line in code.splitlines() if line.startswith("optimum-cli export")]
             blocks += [("bash", line) for line in lines]
         else:
@@ -38,15 +40,24 @@ def _runnable(page: Path):
 
 RUNNABLE = [p for p in PAGES if _runnable(p)]
 
+CALIBRATION_TEXT = "\n".join([
+    "The quick brown fox jumps over the lazy dog.",
+    "OpenVINO runs the exported graph on the CPU.",
+    "A prompt is prefilled once, then tokens are decoded one by one.",
+    "Calibration texts are read one per line from a local file.",
+]) + "\n"
+
 
 @pytest.fixture(scope="module")
 def my_model(tiny_model):
-    return tiny_model("llama")
+    # hidden and intermediate sizes divisible by 128: int4 examples use optimum-intel's default group size
+    return tiny_model("llama", hidden_size=128, intermediate_size=256)
 
 
 @pytest.mark.parametrize("page", RUNNABLE, ids=[p.name for p in RUNNABLE])
 def test_page_examples(page, my_model, tmp_path):
     shutil.copytree(my_model, tmp_path / "my-model")
+    (tmp_path / "calibration.txt").write_text(CALIBRATION_TEXT)
     python_code = []
     for lang, code in _runnable(page):
         if lang == "bash":
@@ -65,3 +76,10 @@ def test_page_examples(page, my_model, tmp_path):
 
 def test_some_pages_have_examples():
     assert {p.name for p in RUNNABLE} >= {"README.md", "index.md"}
+
+
+def test_continued_commands_run_whole():
+    """A `\\`-continued command is one command: its flags after the first line are not lost."""
+    commands = [code for _, code in _runnable(ROOT / "docs" / "quantization.md") if code.startswith("optimum-cli")]
+    assert commands and all("\\" not in c for c in commands)
+    assert any("--quant-mode int8 --dataset ./calibration.txt ./my-model-int8" in c for c in commands)

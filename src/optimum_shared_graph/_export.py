@@ -60,8 +60,11 @@ def _api_quantization(opts: ExportOptions) -> dict[str, Any]:
         return {"weight_format": opts.weight_format, "quant_mode": None, "dataset": None}
     from optimum.intel.openvino.configuration import OVConfig, OVWeightQuantizationConfig
 
-    config = OVConfig(quantization_config=opts.quantization_config).quantization_config
-    dataset = getattr(config, "dataset", None)
+    original = opts.quantization_config
+    # a local text file as `dataset` is read first (optimum-intel only knows dataset names); the
+    # manifest records the file name, not its lines
+    config = OVConfig(quantization_config=resolve_config_dataset(original)).quantization_config
+    dataset = original.get("dataset") if isinstance(original, dict) else getattr(config, "dataset", None)
     if isinstance(config, OVWeightQuantizationConfig):
         return {"weight_format": config.dtype or f"int{config.bits}", "quant_mode": None, "dataset": dataset}
     return {"weight_format": opts.weight_format, "quant_mode": getattr(config, "dtype", None) or "int8",

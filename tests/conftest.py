@@ -14,6 +14,16 @@ EXACT = {"KV_CACHE_PRECISION": "f32", "INFERENCE_PRECISION_HINT": "f32"}
 # Architectures from different families, each exported through optimum-cli in the tests.
 ARCHITECTURES = ["llama", "mistral", "qwen2", "qwen3", "phi3", "gpt2", "gpt_neox", "falcon", "opt", "bloom", "starcoder2"]
 
+# Texts no calibration set contains: quantized artifacts are compared with PyTorch on them.
+HELD_OUT = [
+    "The cache grows by one token at every decode step of the graph.",
+    "A static graph is compiled once and runs on every device.",
+    "Hello, this is a short sentence about quantized weights.",
+    "def mul(a, b):",
+    "Prefill reads the whole prompt; decode reads one token.",
+    "Dates such as 2025-01-31 and numbers like 77 are common.",
+]
+
 PROMPTS = [
     "hello",
     "The quick brown fox jumps over the lazy dog",

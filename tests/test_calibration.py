@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from conftest import error_line, run_cli
+from conftest import HELD_OUT, error_line, run_cli
 
 from optimum_shared_graph import read_manifest
 from optimum_shared_graph.testing import CORPUS
@@ -17,14 +17,6 @@ DECODE_STEPS = 3
 NEW_TOKENS = 12
 
 CALIBRATION_TEXTS = [line for text in CORPUS for line in text.splitlines() if line.strip()]
-HELD_OUT = [
-    "The cache grows by one token at every decode step of the graph.",
-    "A static graph is compiled once and runs on every device.",
-    "Hello, this is a short sentence about quantized weights.",
-    "def mul(a, b):",
-    "Prefill reads the whole prompt; decode reads one token.",
-    "Dates such as 2025-01-31 and numbers like 77 are common.",
-]
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,7 @@ import math
 import numpy as np
 import pytest
 
-from conftest import EXACT, error_line, run_cli, tree_snapshot
+from conftest import HELD_OUT, EXACT, error_line, run_cli, tree_snapshot
 
 import optimum_shared_graph as osg
 from optimum_shared_graph import InvalidOptionsError, read_manifest
@@ -25,14 +25,6 @@ DECODE_STEPS = 3
 NEW_TOKENS = 10
 LONG_TEXT = " ".join(CORPUS[:4])  # longer than CAPACITY - DECODE_STEPS tokens: truncated for calibration
 CALIBRATION_TEXTS = [line for text in CORPUS for line in text.splitlines() if line.strip()] + [LONG_TEXT]
-HELD_OUT = [
-    "The cache grows by one token at every decode step of the graph.",
-    "A static graph is compiled once and runs on every device.",
-    "Hello, this is a short sentence about quantized weights.",
-    "def mul(a, b):",
-    "Prefill reads the whole prompt; decode reads one token.",
-    "Dates such as 2025-01-31 and numbers like 77 are common.",
-]
 
 
 @pytest.fixture(scope="module")

@@ -145,7 +145,9 @@ def runtime(path: str | os.PathLike, device: str = "CPU", *, provider: str | Non
         path: the artifact directory (the `OUT` of an export).
         device: the device to compile for (`"CPU"`, `"GPU"`, ...).
         provider: the name of the provider to use; `None` picks one that covers the artifact's `requires`.
-        **options: passed to the provider's `load()` (for the OpenVINO provider: `ov_config`, ...).
+        **options: passed to the provider's `load()` (for the OpenVINO provider: `ov_config`, the
+            OpenVINO compile properties, and `torch_threads`, the PyTorch threads `generate()` runs
+            its loop on, default 1).
 
     Returns:
         What the provider returns; the built-in OpenVINO provider returns a model with transformers'

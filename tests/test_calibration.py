@@ -158,6 +158,17 @@ def _ids_so_far(samples, key):
     return np.concatenate([text["ids"], text["tokens"][:, :step]], axis=1)
 
 
+def test_quiet_calibration_shows_no_bars_and_no_reexport_warning(model_path, dataset_file, tmp_path):
+    """With --quiet NNCF's bars (rich) are off too; optimum-intel's "please reexport" warning on loading a
+    stateless graph is never shown: ours is stateless on purpose and made stateful after."""
+    proc = run_cli("export", "openvino", "-m", str(model_path), "--task", "text-generation-shared",
+                   "--quant-mode", "int8", "--dataset", str(dataset_file), "--num-samples", "2",
+                   "--calibration-decode-steps", "1", "--quiet", str(tmp_path / "out"), check=True)
+    assert read_manifest(tmp_path / "out").stateful
+    assert "does not contain state" not in proc.stderr
+    assert "Statistics collection" not in proc.stderr and "Smooth Quant" not in proc.stderr, proc.stderr[-2000:]
+
+
 def test_prefill_only_and_stateless(export):
     out = export("int8-prefill-only-stateless", "--quant-mode", "int8", "--calibration-decode-steps", "0",
                  "--disable-stateful")

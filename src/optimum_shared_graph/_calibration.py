@@ -404,6 +404,34 @@ def _with_activation_range(config, estimator: str | None):
     return config
 
 
+class _NotStatefulWarning:
+    """Drops optimum-intel's "Provided model does not contain state ... please reexport" warning: the
+    calibration graph is stateless on purpose (every call feeds its KV cache) and is made stateful after."""
+
+    @staticmethod
+    def filter(record) -> bool:
+        return "does not contain state" not in record.getMessage()
+
+
+def load_stateless(path, *, trust_remote_code: bool = False, cache_dir: str | None = None,
+                   model_kwargs: dict | None = None):
+    """optimum-intel's `OVModelForCausalLM` on the stateless graph in `path`, for its quantization
+    entry point (not compiled)."""
+    import logging
+
+    from optimum.intel import OVModelForCausalLM
+
+    logger = logging.getLogger("optimum.intel.openvino.modeling_decoder")
+    logger.addFilter(_NotStatefulWarning)
+    try:
+        return OVModelForCausalLM.from_pretrained(
+            path, compile=False, use_cache=True, trust_remote_code=trust_remote_code, cache_dir=cache_dir,
+            **(model_kwargs or {}),
+        )
+    finally:
+        logger.removeFilter(_NotStatefulWarning)
+
+
 def quantize_both_stages(
     model_name_or_path: str,
     output: str | os.PathLike,
@@ -429,15 +457,11 @@ def quantize_both_stages(
         stateful: make the quantized graph stateful (optimum-intel's `patch_stateful`).
         report: filled with the per-stage sample counts.
     """
-    from optimum.intel import OVModelForCausalLM
     from optimum.intel.openvino.configuration import _quantization_config_from_dict
     from optimum.intel.openvino.quantization import OVCalibrationDataset
 
     output = Path(output)
-    model = OVModelForCausalLM.from_pretrained(
-        output, compile=False, use_cache=True, trust_remote_code=trust_remote_code, cache_dir=cache_dir,
-        **(model_kwargs or {}),
-    )
+    model = load_stateless(output, trust_remote_code=trust_remote_code, cache_dir=cache_dir, model_kwargs=model_kwargs)
     if model.stateful:
         raise SharedGraphError("calibration on both stages expected optimum-intel's stateless export")
     config = quantization_config
@@ -782,14 +806,11 @@ def quantize_static_graph(ov_model, raw: Path, pending: StaticQuantization):
     Returns:
         The quantized stateless `openvino.Model`.
     """
-    from optimum.intel import OVModelForCausalLM
     from optimum.intel.openvino.configuration import _quantization_config_from_dict
     from optimum.intel.openvino.quantization import OVCalibrationDataset
 
-    model = OVModelForCausalLM.from_pretrained(
-        raw, compile=False, use_cache=True, trust_remote_code=pending.trust_remote_code, cache_dir=pending.cache_dir,
-        **(pending.model_kwargs or {}),
-    )
+    model = load_stateless(raw, trust_remote_code=pending.trust_remote_code, cache_dir=pending.cache_dir,
+                           model_kwargs=pending.model_kwargs)
     config = pending.config
     if isinstance(config, dict):
         config = _quantization_config_from_dict(config)

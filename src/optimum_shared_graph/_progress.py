@@ -48,8 +48,8 @@ def on_terminal() -> bool:
 def export_progress(stages: list[str], *, quiet: bool = False) -> Iterator[None]:
     """Show the progress of one export: on stderr, only if it is a terminal and `quiet` is off.
 
-    With `quiet`, transformers' and huggingface_hub's own progress bars (weights loading, downloads)
-    are off as well for the export's duration, then restored.
+    With `quiet`, transformers', huggingface_hub's and NNCF's own progress bars (weights loading,
+    downloads, calibration statistics) are off as well for the export's duration, then restored.
     """
     export = _Export(not quiet and on_terminal(), stages)
     token = _current.set(export)
@@ -89,9 +89,24 @@ def _libraries_quiet(quiet: bool) -> Iterator[None]:
 
     was_enabled, hub_was_disabled = hf_logging.is_progress_bar_enabled(), hub_utils.are_progress_bars_disabled()
     hf_logging.disable_progress_bar()  # huggingface_hub's too
+    console = _rich_console()  # NNCF's bars (statistics collection, SmoothQuant, AWQ) draw on rich's console
+    console_was_quiet = console.quiet if console is not None else None
+    if console is not None:
+        console.quiet = True
     try:
         yield
     finally:
         if was_enabled:
             hf_logging.enable_progress_bar()
         (hub_utils.disable_progress_bars if hub_was_disabled else hub_utils.enable_progress_bars)()
+        if console is not None:
+            console.quiet = console_was_quiet
+
+
+def _rich_console():
+    """rich's global console, which NNCF's progress bars write to (None without rich)."""
+    try:
+        import rich
+    except ImportError:
+        return None
+    return rich.get_console()

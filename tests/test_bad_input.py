@@ -47,6 +47,21 @@ def test_missing_model_path(tmp_path, out_dir):
     _assert_unchanged(out_dir, before)
 
 
+def test_corrupt_weights_file(tiny_model, tmp_path, out_dir):
+    import shutil
+
+    model = tmp_path / "corrupt"
+    shutil.copytree(tiny_model("llama"), model)
+    for weights in model.glob("*.safetensors"):
+        weights.write_bytes(b"not a safetensors file")
+    before = tree_snapshot(out_dir)
+    proc = _export(model, out_dir)
+    assert proc.returncode != 0
+    line = error_line(proc)
+    assert line.startswith(f"error: cannot load the weights of {model}: SafetensorError") and "re-save" in line, line
+    _assert_unchanged(out_dir, before)
+
+
 def test_not_a_causal_lm(tmp_path, out_dir):
     from transformers import BertConfig, BertModel
 

@@ -8,6 +8,7 @@ KV buffers as inputs. Real OpenVINO, NNCF and optimum-intel throughout.
 from __future__ import annotations
 
 import math
+import shutil
 
 import numpy as np
 import pytest
@@ -234,14 +235,19 @@ def test_data_free_quantization_config_is_refused_before_any_export_work(model_p
      "error: --awq, --scale-estimation without --dataset is not available with --shape-mode static"),
 ])
 def test_cli_invalid_static_quantization_is_one_error_line(flags, expected, model_path, dataset_file, tmp_path):
+    """Refused before any export work: the model's weights here are unreadable, and the error is still this one."""
     out = tmp_path / "out"
     out.mkdir()
     (out / "shared_graph.json").write_text('{"schema_version": 1}')  # a previous artifact must survive untouched
     before = tree_snapshot(out)
+    model = tmp_path / "unloadable"
+    shutil.copytree(model_path, model)
+    for weights in model.glob("*.safetensors"):
+        weights.write_bytes(b"not a safetensors file")
     flags = [flag.format(data=dataset_file) for flag in flags]
-    proc = run_cli("export", "openvino", "-m", str(model_path), "--task", "text-generation-shared",
+    proc = run_cli("export", "openvino", "-m", str(model), "--task", "text-generation-shared",
                    "--shape-mode", "static", *flags, str(out))
     assert proc.returncode != 0
     assert error_line(proc).startswith(expected), error_line(proc)
     assert tree_snapshot(out) == before
-    assert not [p for p in tmp_path.iterdir() if p.name != "out"]  # no staging directory left behind
+    assert not [p for p in tmp_path.iterdir() if p.name not in ("out", "unloadable")]  # no staging directory left

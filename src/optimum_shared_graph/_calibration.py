@@ -500,6 +500,38 @@ def make_stateful(xml: Path, model_config) -> None:
     os.replace(tmp.with_suffix(".bin"), xml.with_suffix(".bin"))
 
 
+class _ConfigBuilt(Exception):
+    """Stops optimum-intel's export command once it has built its quantization config."""
+
+
+def quantization_config_of(run_command) -> Any:
+    """The quantization config optimum-intel's export command builds from its flags.
+
+    `run_command()` runs the command; it is stopped where it calls `main_export`, so nothing is loaded,
+    converted or written, and the config is exactly the one the export would use (optimum-intel's
+    own flag handling, model defaults included). None when the flags ask for no quantization.
+    """
+    import optimum.exporters.openvino.__main__ as ov_main
+
+    original = ov_main.main_export
+    signature = inspect.signature(original)
+    built: dict[str, Any] = {}
+
+    def main_export(*args, **kwargs):
+        ov_config = signature.bind(*args, **kwargs).arguments.get("ov_config")
+        built["config"] = getattr(ov_config, "quantization_config", None)
+        raise _ConfigBuilt
+
+    ov_main.main_export = main_export
+    try:
+        run_command()
+    except _ConfigBuilt:
+        pass
+    finally:
+        ov_main.main_export = original
+    return built.get("config")
+
+
 @contextlib.contextmanager
 def both_stage_quantization(decode_steps: int, report: CalibrationReport):
     """While active, optimum-intel's data-aware quantization of a causal LM calibrates on both stages.

@@ -91,10 +91,17 @@ def run(command, original_run) -> None:
         finally:
             args.model, args.output, args.task, args.dataset = saved
 
+    def quantization_config():
+        # optimum-intel's command builds the config from its flags and is stopped before it exports
+        from ._calibration import quantization_config_of
+
+        return quantization_config_of(lambda: raw_export(args.model, Path(args.output)))
+
     try:
         options = options_from_args(args)
         quant = {"weight_format": args.weight_format, "quant_mode": args.quant_mode, "dataset": args.dataset}
-        manifest = run_export(args.model, args.output, options, raw_export=raw_export, quantization=quant)
+        manifest = run_export(args.model, args.output, options, raw_export=raw_export, quantization=quant,
+                              quantization_config=quantization_config)
     except SharedGraphError as err:
         if os.environ.get("OPTIMUM_SHARED_GRAPH_DEBUG"):
             raise

@@ -10,7 +10,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, Callable
 
-from ._calibration import CalibrationReport, both_stage_quantization, resolve_config_dataset
+from ._calibration import CalibrationReport, both_stage_quantization, check_static_quantization, resolve_config_dataset
 from ._decompose import DEFAULT_PROMPT, Capture, check_one_graph_serves_both, decompose, save_exported_model
 from . import _fallback
 from ._errors import DecompositionError, ExportValidationError, ModelNotSupportedError, SharedGraphError
@@ -112,6 +112,7 @@ def run_export(
     *,
     raw_export: RawExport,
     quantization: dict[str, Any] | None = None,
+    quantization_config: Callable[[], Any] | None = None,
 ) -> Manifest:
     """The pipeline shared by the CLI and the API: check, decompose, export, transform, validate, move.
 
@@ -122,15 +123,18 @@ def run_export(
         raw_export: runs optimum-intel's `text-generation-with-past` export of a model path into a
             directory (the CLI passes optimum-intel's own command so all its flags apply).
         quantization: what the manifest records of the quantization flags.
+        quantization_config: returns the quantization config the CLI's flags give (without exporting),
+            so a static export checks it before any export work.
     """
     stages = ["loading", "decomposing generate()", "converting (optimum-intel)"]
     stages += (["static graph"] if opts.is_static else []) + ([] if opts.skip_validation else ["validating"])
     with _progress.export_progress(stages + ["writing"], quiet=opts.quiet):
-        return _run_export(model, output_dir, opts, raw_export=raw_export, quantization=quantization)
+        return _run_export(model, output_dir, opts, raw_export=raw_export, quantization=quantization,
+                           quantization_config=quantization_config)
 
 
 def _run_export(model: str, output_dir: str | os.PathLike, opts: ExportOptions, *, raw_export: RawExport,
-                quantization: dict[str, Any] | None) -> Manifest:
+                quantization: dict[str, Any] | None, quantization_config: Callable[[], Any] | None = None) -> Manifest:
     _progress.stage("loading")
     register()
     output = Path(output_dir).absolute()
@@ -141,6 +145,9 @@ def _run_export(model: str, output_dir: str | os.PathLike, opts: ExportOptions, 
         from ._static import resolve_static_shapes
 
         static = resolve_static_shapes(config, opts)
+        cli_config = quantization_config() if quantization_config is not None else None
+        if cli_config is not None:  # the CLI's quantization flags, as optimum-intel reads them
+            check_static_quantization(static, opts.calibration_decode_steps, cli_config)
     pt_model = _load_model(model, config, opts)
     _progress.stage("decomposing generate()")
     capture, reason = _decompose(pt_model, model, opts, config)
@@ -274,6 +281,12 @@ def _load_model(model: str, config, opts: ExportOptions):
         raise ModelNotSupportedError(
             f"{model} ({config.model_type}) is not a causal language model transformers can load: "
             f"{str(err).splitlines()[0]}"
+        ) from err
+    except Exception as err:  # a corrupt or truncated weights file (safetensors, torch), a missing shard, ...
+        first = str(err).strip().splitlines()[0] if str(err).strip() else ""
+        raise ModelNotSupportedError(
+            f"cannot load the weights of {model}: {type(err).__name__}: {first}; check that its weight files are "
+            "complete (re-download or re-save the model)"
         ) from err
     return pt_model.eval()
 

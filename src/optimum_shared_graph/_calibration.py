@@ -74,6 +74,11 @@ class CalibrationReport:
     def counts(self) -> dict[str, int]:
         return {"prefill": self.prefill, "decode": self.decode}
 
+    def record(self, samples, decode_steps: int) -> None:
+        """Fill in what a calibration set (`BothStageSamples`, `StaticCalibrationSamples`) holds."""
+        self.prefill, self.decode = samples.prefill_count, samples.decode_count
+        self.texts, self.decode_steps, self.graph = samples.texts, decode_steps, "stateless"
+
 
 def read_text_file(path: str | os.PathLike) -> list[str]:
     """The non-empty lines of a local text file: one calibration text each.
@@ -213,6 +218,11 @@ class BothStageSamples:
     @property
     def prefill_count(self) -> int:
         """Prefill calls in the set."""
+        return len(self._texts)
+
+    @property
+    def texts(self) -> int:
+        """Texts calibrated on (one prefill call each)."""
         return len(self._texts)
 
     @property
@@ -432,6 +442,28 @@ def load_stateless(path, *, trust_remote_code: bool = False, cache_dir: str | No
         logger.removeFilter(_NotStatefulWarning)
 
 
+def _prepared_config(model, quantization_config: Any, model_name_or_path: str):
+    """The config (object or dict) as optimum-intel's quantizer takes it for `model`."""
+    from optimum.intel.openvino.configuration import _quantization_config_from_dict
+
+    config = quantization_config
+    if isinstance(config, dict):
+        config = _quantization_config_from_dict(config)
+    return model._preprocess_quantization_config(config, model_name_or_path)
+
+
+def _apply_calibrated(model, config, samples, *, model_name_or_path: str, trust_remote_code: bool, **save) -> None:
+    """optimum-intel's quantization of `model.model` with NNCF, on `samples` (every one of them, with
+    this package's activation range estimator); `save` is `_apply_quantization`'s saving arguments."""
+    from optimum.intel.openvino.quantization import OVCalibrationDataset
+
+    model._apply_quantization(
+        _with_activation_range(_with_num_samples(config, len(samples)), ACTIVATION_RANGE_ESTIMATOR),
+        compile_only=False, compile_model=False, model_name_or_path=model_name_or_path,
+        trust_remote_code=trust_remote_code, calibration_dataset=OVCalibrationDataset(samples.nncf_dataset()), **save,
+    )
+
+
 def quantize_both_stages(
     model_name_or_path: str,
     output: str | os.PathLike,
@@ -457,26 +489,15 @@ def quantize_both_stages(
         stateful: make the quantized graph stateful (optimum-intel's `patch_stateful`).
         report: filled with the per-stage sample counts.
     """
-    from optimum.intel.openvino.configuration import _quantization_config_from_dict
-    from optimum.intel.openvino.quantization import OVCalibrationDataset
-
     output = Path(output)
     model = load_stateless(output, trust_remote_code=trust_remote_code, cache_dir=cache_dir, model_kwargs=model_kwargs)
     if model.stateful:
         raise SharedGraphError("calibration on both stages expected optimum-intel's stateless export")
-    config = quantization_config
-    if isinstance(config, dict):
-        config = _quantization_config_from_dict(config)
-    config = model._preprocess_quantization_config(config, model_name_or_path)
+    config = _prepared_config(model, quantization_config, model_name_or_path)
     samples = BothStageSamples(model.model, prompt_inputs(model, config, trust_remote_code), decode_steps)
-    report.prefill, report.decode = samples.prefill_count, samples.decode_count
-    report.texts, report.decode_steps, report.graph = samples.prefill_count, decode_steps, "stateless"
-    model._apply_quantization(
-        _with_activation_range(_with_num_samples(config, len(samples)), ACTIVATION_RANGE_ESTIMATOR),
-        compile_only=False, compile_model=False, model_name_or_path=model_name_or_path,
-        trust_remote_code=trust_remote_code, save_directory=output, immediate_save=True,
-        calibration_dataset=OVCalibrationDataset(samples.nncf_dataset()),
-    )
+    report.record(samples, decode_steps)
+    _apply_calibrated(model, config, samples, model_name_or_path=model_name_or_path,
+                      trust_remote_code=trust_remote_code, save_directory=output, immediate_save=True)
     model_config = model.config
     del model, samples
     gc.collect()
@@ -555,10 +576,7 @@ def both_stage_quantization(decode_steps: int, report: CalibrationReport):
     def main_export(*args, **kwargs):
         bound = export_signature.bind(*args, **kwargs)
         ov_config = bound.arguments.get("ov_config")
-        config = getattr(ov_config, "quantization_config", None)
-        if static is not None and config is not None:  # the CLI's flags are known here first: before conversion
-            check_static_quantization(static.shapes, static.decode_steps, config)
-        if ov_config is not None and is_data_aware(config):
+        if ov_config is not None and is_data_aware(getattr(ov_config, "quantization_config", None)):
             requested["stateful"] = bound.arguments.get("stateful", True)
             bound.arguments["stateful"] = False
         return original_export(*bound.args, **bound.kwargs)
@@ -619,7 +637,8 @@ def expect_static_quantization(shapes, opts) -> None:
 
     Called by `resolve_static_shapes`, before any export work. The Python API's
     `quantization_config` is checked here; the CLI's quantization flags are only known to
-    optimum-intel's command, and are checked by the `main_export` hook, before conversion.
+    optimum-intel's command, and `run_export` checks the config it builds (`quantization_config_of`)
+    right after this.
     The registration lives on the current export's progress scope (`_progress.export_progress`),
     so it ends with the export, whether it succeeds or fails.
     """
@@ -660,12 +679,7 @@ def check_static_quantization(shapes, decode_steps: int, quantization_config: An
     if isinstance(config, dict):
         config = _quantization_config_from_dict(resolve_config_dataset(config))
     if is_data_aware(config):
-        if decode_steps >= shapes.cache_len:
-            raise InvalidOptionsError(
-                f"--calibration-decode-steps {decode_steps} leaves no room for a calibration prompt in the static KV "
-                f"capacity of {shapes.cache_len}: use --calibration-decode-steps {shapes.cache_len - 1} or less, "
-                f"or raise --max-cache-len"
-            )
+        _check_room(decode_steps, shapes.cache_len)
         resolve_dataset(getattr(config, "dataset", None))  # an empty or unreadable text file fails here
         return
     if isinstance(config, OVWeightQuantizationConfig) and config.dataset is None:
@@ -680,6 +694,15 @@ def check_static_quantization(shapes, decode_steps: int, quantization_config: An
                 f"either compressed data-free or calibrated on the static graph's own calls): add --dataset "
                 f"(a name or a local text file) or drop {', '.join(flags)}"
             )
+
+
+def _check_room(decode_steps: int, capacity: int) -> None:
+    """Refuse decode steps that leave no slot of a static KV capacity for a calibration prompt."""
+    if decode_steps >= capacity:
+        raise InvalidOptionsError(
+            f"--calibration-decode-steps {decode_steps} leaves no room for a calibration prompt in the static KV "
+            f"capacity of {capacity}: use --calibration-decode-steps {capacity - 1} or less, or raise --max-cache-len"
+        )
 
 
 class _RecordingRequest:
@@ -746,12 +769,8 @@ class StaticCalibrationSamples:
         recorder = _RecordingRequest(compiled.create_infer_request(), self._past_names)
         session = StaticSession(compiled, pad_token_id, request=recorder)
         self.capacity, self.query_len = session.capacity, session.query_len
+        _check_room(decode_steps, self.capacity)
         keep = self.capacity - decode_steps
-        if keep < 1:
-            raise InvalidOptionsError(
-                f"--calibration-decode-steps {decode_steps} leaves no room for a calibration prompt in the static KV "
-                f"capacity of {self.capacity}: use --calibration-decode-steps {self.capacity - 1} or less, or raise --max-cache-len"
-            )
         self.truncated = 0
         self._texts: list[list[dict[str, Any]]] = []
         self._keys: list[tuple[int, int]] = []
@@ -838,29 +857,17 @@ def quantize_static_graph(ov_model, raw: Path, pending: StaticQuantization):
     Returns:
         The quantized stateless `openvino.Model`.
     """
-    from optimum.intel.openvino.configuration import _quantization_config_from_dict
-    from optimum.intel.openvino.quantization import OVCalibrationDataset
-
     model = load_stateless(raw, trust_remote_code=pending.trust_remote_code, cache_dir=pending.cache_dir,
                            model_kwargs=pending.model_kwargs)
-    config = pending.config
-    if isinstance(config, dict):
-        config = _quantization_config_from_dict(config)
-    config = model._preprocess_quantization_config(config, pending.model_name_or_path)
+    config = _prepared_config(model, pending.config, pending.model_name_or_path)
     prompts = prompt_inputs(model, config, pending.trust_remote_code)
     generation_config = getattr(model, "generation_config", None)
     pad = generation_config.pad_token_id if generation_config is not None else None  # as the runtime chooses it
     samples = StaticCalibrationSamples(ov_model, prompts, pending.decode_steps, pad_token_id=pad or 0)
-    report = pending.report if pending.report is not None else CalibrationReport()
-    report.prefill, report.decode = samples.prefill_count, samples.decode_count
-    report.texts, report.decode_steps, report.graph = samples.texts, pending.decode_steps, "stateless"
+    (pending.report if pending.report is not None else CalibrationReport()).record(samples, pending.decode_steps)
     model.replace_ov_model(model.model, ov_model)  # the dynamic graph is released here
-    model._apply_quantization(
-        _with_activation_range(_with_num_samples(config, len(samples)), ACTIVATION_RANGE_ESTIMATOR),
-        compile_only=False, compile_model=False, model_name_or_path=pending.model_name_or_path,
-        trust_remote_code=pending.trust_remote_code,
-        calibration_dataset=OVCalibrationDataset(samples.nncf_dataset()),
-    )
+    _apply_calibrated(model, config, samples, model_name_or_path=pending.model_name_or_path,
+                      trust_remote_code=pending.trust_remote_code)
     quantized = model.model
     model._openvino_config.save_pretrained(raw)
     del model, samples

@@ -59,7 +59,7 @@ class ExportOptions:
             calls for every prefill call.
         quiet: no progress display. Progress (the export's stages, the generate() capture,
             validation and calibration steps) goes to stderr only when it is a terminal; `quiet`
-            also turns off transformers' and huggingface_hub's progress bars during the export.
+            also turns off transformers', huggingface_hub's and NNCF's progress bars during the export.
     """
 
     shape_mode: str = "dynamic"

@@ -45,6 +45,8 @@ class OpenVINOProvider:
                 runs (restored after); `None` leaves PyTorch's setting as it is.
             **kwargs: passed to optimum-intel's model constructor.
         """
+        if torch_threads is not None and torch_threads < 1:
+            raise InvalidOptionsError(f"torch_threads must be 1 or more (or None to leave PyTorch's setting), got {torch_threads}")
         import openvino as ov
         from transformers import AutoConfig, GenerationConfig
 
@@ -57,8 +59,6 @@ class OpenVINOProvider:
         if getattr(generation_config, "cache_implementation", None) is not None:
             generation_config.cache_implementation = None
         model = ov.Core().read_model(path / GRAPH_XML)
-        if torch_threads is not None and torch_threads < 1:
-            raise InvalidOptionsError(f"torch_threads must be 1 or more (or None to leave PyTorch's setting), got {torch_threads}")
         cls = _model_class(config, manifest)
         return cls(
             model=model, config=config, device=device, ov_config=ov_config or {}, model_save_dir=path,

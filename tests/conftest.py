@@ -14,6 +14,10 @@ EXACT = {"KV_CACHE_PRECISION": "f32", "INFERENCE_PRECISION_HINT": "f32"}
 # Architectures from different families, each exported through optimum-cli in the tests.
 ARCHITECTURES = ["llama", "mistral", "qwen2", "qwen3", "phi3", "gpt2", "gpt_neox", "falcon", "opt", "bloom", "starcoder2"]
 
+# A llama whose projections int4 group sizes (64, and optimum-intel's default 128) divide: the
+# quantization tests and the docs examples export it (the `quantizable_model` fixture).
+QUANTIZABLE = dict(hidden_size=128, intermediate_size=256)
+
 # Texts no calibration set contains: quantized artifacts are compared with PyTorch on them.
 HELD_OUT = [
     "The cache grows by one token at every decode step of the graph.",
@@ -52,6 +56,12 @@ def tiny_model(models_dir):
         return built[key]
 
     return get
+
+
+@pytest.fixture(scope="session")
+def quantizable_model(tiny_model) -> Path:
+    """The `QUANTIZABLE` llama (built once per session)."""
+    return tiny_model("llama", **QUANTIZABLE)
 
 
 @pytest.fixture(params=["missing", "existing"])

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-
 import numpy as np
 import pytest
 
@@ -11,17 +10,10 @@ from conftest import HELD_OUT, error_line, run_cli
 from optimum_shared_graph import read_manifest
 from optimum_shared_graph.testing import CORPUS
 
-# hidden 128 so int4 group sizes (64) divide every projection; initializer_range 0.1 (the tiny default)
-MODEL = dict(hidden_size=128, intermediate_size=256)
 DECODE_STEPS = 3
 NEW_TOKENS = 12
 
 CALIBRATION_TEXTS = [line for text in CORPUS for line in text.splitlines() if line.strip()]
-
-
-@pytest.fixture(scope="module")
-def model_path(tiny_model):
-    return tiny_model("llama", **MODEL)
 
 
 @pytest.fixture(scope="module")
@@ -32,7 +24,7 @@ def dataset_file(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def export(model_path, dataset_file, tmp_path_factory):
+def export(quantizable_model, dataset_file, tmp_path_factory):
     """`export(name, *flags)` -> artifact directory, exported once per module."""
     done = {}
     root = tmp_path_factory.mktemp("calibrated")
@@ -40,7 +32,7 @@ def export(model_path, dataset_file, tmp_path_factory):
     def get(name: str, *flags: str):
         if name not in done:
             out = root / name
-            run_cli("export", "openvino", "-m", str(model_path), "--task", "text-generation-shared",
+            run_cli("export", "openvino", "-m", str(quantizable_model), "--task", "text-generation-shared",
                     "--dataset", str(dataset_file), *flags, str(out), check=True)
             done[name] = out
         return done[name]
@@ -48,7 +40,7 @@ def export(model_path, dataset_file, tmp_path_factory):
     return get
 
 
-def _agreement(out, model_path, texts=HELD_OUT, new_tokens=NEW_TOKENS) -> dict[str, float]:
+def _agreement(out, quantizable_model, texts=HELD_OUT, new_tokens=NEW_TOKENS) -> dict[str, float]:
     """Greedy tokens of the artifact against PyTorch's, over held-out texts.
 
     `teacher_forced`: the graph's top-1 pick at every call (prefill, then decode calls fed PyTorch's
@@ -60,8 +52,8 @@ def _agreement(out, model_path, texts=HELD_OUT, new_tokens=NEW_TOKENS) -> dict[s
 
     from optimum_shared_graph._session import EXACT_CONFIG, GraphSession
 
-    tok = AutoTokenizer.from_pretrained(model_path)
-    pt = AutoModelForCausalLM.from_pretrained(model_path).eval()
+    tok = AutoTokenizer.from_pretrained(quantizable_model)
+    pt = AutoModelForCausalLM.from_pretrained(quantizable_model).eval()
     session = GraphSession(ov.Core().compile_model(str(out / "openvino_model.xml"), "CPU", EXACT_CONFIG))
     forced, free = [], []
     for text in texts:
@@ -82,7 +74,7 @@ def _agreement(out, model_path, texts=HELD_OUT, new_tokens=NEW_TOKENS) -> dict[s
     return {"teacher_forced": float(np.mean(forced)), "free_running": float(np.mean(free))}
 
 
-def test_int8_calibrates_on_prefill_and_decode(export, model_path):
+def test_int8_calibrates_on_prefill_and_decode(export, quantizable_model):
     out = export("int8", "--quant-mode", "int8", "--calibration-decode-steps", str(DECODE_STEPS))
     manifest = read_manifest(out)
     quant = manifest.quantization
@@ -98,26 +90,26 @@ def test_int8_calibrates_on_prefill_and_decode(export, model_path):
 
     ops = [op.get_type_name() for op in ov.Core().read_model(out / "openvino_model.xml").get_ops()]
     assert "FakeQuantize" in ops
-    agreement = _agreement(out, model_path)
+    agreement = _agreement(out, quantizable_model)
     print(f"\nint8, calibrated on both stages: token agreement with PyTorch over {len(HELD_OUT)} held-out texts {agreement}")
     # measured 0.76 on this 2-layer random model (chance: 1/512); int8 weight-only scores 0.94
     assert agreement["teacher_forced"] >= 0.6, agreement
 
 
-def test_int4_awq_calibrates_on_prefill_and_decode(export, model_path):
+def test_int4_awq_calibrates_on_prefill_and_decode(export, quantizable_model):
     out = export("int4-awq", "--weight-format", "int4", "--awq", "--group-size", "64", "--ratio", "1.0",
                  "--calibration-decode-steps", str(DECODE_STEPS))
     quant = read_manifest(out).quantization
     assert quant["weight_format"] == "int4"
     assert quant["calibration_samples"] == {"prefill": len(CALIBRATION_TEXTS),
                                             "decode": len(CALIBRATION_TEXTS) * DECODE_STEPS}
-    agreement = _agreement(out, model_path)
+    agreement = _agreement(out, quantizable_model)
     print(f"\nint4 AWQ, calibrated on both stages: token agreement with PyTorch over {len(HELD_OUT)} held-out texts {agreement}")
     # measured 0.56 on this 2-layer random model (chance: 1/512): int4 is coarse at hidden size 128
     assert agreement["teacher_forced"] >= 0.4, agreement
 
 
-def test_decode_samples_carry_their_kv_cache(export, model_path):
+def test_decode_samples_carry_their_kv_cache(export, quantizable_model):
     """Each decode sample, fed alone to the stateless graph, gives PyTorch's logits for that step."""
     import openvino as ov
     import torch
@@ -129,7 +121,7 @@ def test_decode_samples_carry_their_kv_cache(export, model_path):
     ov_model = ov.Core().read_model(out / "openvino_model.xml")
     prompts = [{"input_ids": np.array([[5, 17, 42, 99, 7]]), "attention_mask": np.ones((1, 5), dtype=np.int64)},
                {"input_ids": np.array([[300, 12]]), "attention_mask": np.ones((1, 2), dtype=np.int64)}]
-    pt = AutoModelForCausalLM.from_pretrained(model_path).eval()
+    pt = AutoModelForCausalLM.from_pretrained(quantizable_model).eval()
     request = ov.Core().compile_model(ov_model, "CPU", {"INFERENCE_PRECISION_HINT": "f32"}).create_infer_request()
     for group in (False, True):
         samples = BothStageSamples(ov_model, prompts, decode_steps=4, group_decode=group)
@@ -158,10 +150,10 @@ def _ids_so_far(samples, key):
     return np.concatenate([text["ids"], text["tokens"][:, :step]], axis=1)
 
 
-def test_quiet_calibration_shows_no_bars_and_no_reexport_warning(model_path, dataset_file, tmp_path):
+def test_quiet_calibration_shows_no_bars_and_no_reexport_warning(quantizable_model, dataset_file, tmp_path):
     """With --quiet NNCF's bars (rich) are off too; optimum-intel's "please reexport" warning on loading a
     stateless graph is never shown: ours is stateless on purpose and made stateful after."""
-    proc = run_cli("export", "openvino", "-m", str(model_path), "--task", "text-generation-shared",
+    proc = run_cli("export", "openvino", "-m", str(quantizable_model), "--task", "text-generation-shared",
                    "--quant-mode", "int8", "--dataset", str(dataset_file), "--num-samples", "2",
                    "--calibration-decode-steps", "1", "--quiet", str(tmp_path / "out"), check=True)
     assert read_manifest(tmp_path / "out").stateful
@@ -178,19 +170,19 @@ def test_prefill_only_and_stateless(export):
     assert any(p["name"].startswith("past_key_values") for p in manifest.graph["inputs"])
 
 
-def test_empty_dataset_file_is_one_error_line(model_path, tmp_path):
+def test_empty_dataset_file_is_one_error_line(quantizable_model, tmp_path):
     empty = tmp_path / "empty.txt"
     empty.write_text("\n  \n", encoding="utf-8")
     out = tmp_path / "out"
-    proc = run_cli("export", "openvino", "-m", str(model_path), "--task", "text-generation-shared",
+    proc = run_cli("export", "openvino", "-m", str(quantizable_model), "--task", "text-generation-shared",
                    "--quant-mode", "int8", "--dataset", str(empty), str(out))
     assert proc.returncode != 0
     assert "has no non-empty line" in error_line(proc)
     assert not out.exists()
 
 
-def test_negative_decode_steps_is_one_error_line(model_path, dataset_file, tmp_path):
-    proc = run_cli("export", "openvino", "-m", str(model_path), "--task", "text-generation-shared",
+def test_negative_decode_steps_is_one_error_line(quantizable_model, dataset_file, tmp_path):
+    proc = run_cli("export", "openvino", "-m", str(quantizable_model), "--task", "text-generation-shared",
                    "--quant-mode", "int8", "--dataset", str(dataset_file), "--calibration-decode-steps", "-1",
                    str(tmp_path / "out"))
     assert proc.returncode != 0
@@ -228,14 +220,14 @@ def test_activation_range_estimator_reaches_nncf_through_optimum_intel_config():
             == RangeEstimatorParametersSet.MEAN_QUANTILE)  # a user's own estimator wins
 
 
-def test_api_takes_a_local_dataset_file(model_path, dataset_file, tmp_path):
+def test_api_takes_a_local_dataset_file(quantizable_model, dataset_file, tmp_path):
     """`export(quantization_config={..., "dataset": "file.txt"})` reads the file, as `--dataset` does,
     and the manifest names the file."""
     import optimum_shared_graph as osg
 
     out = tmp_path / "api-int4-awq"
     config = {"bits": 4, "group_size": 64, "ratio": 1.0, "quant_method": "awq", "dataset": str(dataset_file)}
-    manifest = osg.export(str(model_path), out, quantization_config=config, calibration_decode_steps=DECODE_STEPS)
+    manifest = osg.export(str(quantizable_model), out, quantization_config=config, calibration_decode_steps=DECODE_STEPS)
     assert manifest.quantization["dataset"] == str(dataset_file)
     assert manifest.quantization["weight_format"] == "int4"
     assert manifest.quantization["calibration_samples"] == {"prefill": len(CALIBRATION_TEXTS),

@@ -48,15 +48,9 @@ CALIBRATION_TEXT = "\n".join([
 ]) + "\n"
 
 
-@pytest.fixture(scope="module")
-def my_model(tiny_model):
-    # hidden and intermediate sizes divisible by 128: int4 examples use optimum-intel's default group size
-    return tiny_model("llama", hidden_size=128, intermediate_size=256)
-
-
 @pytest.mark.parametrize("page", RUNNABLE, ids=[p.name for p in RUNNABLE])
-def test_page_examples(page, my_model, tmp_path):
-    shutil.copytree(my_model, tmp_path / "my-model")
+def test_page_examples(page, quantizable_model, tmp_path):  # int4 examples: group size 128
+    shutil.copytree(quantizable_model, tmp_path / "my-model")
     (tmp_path / "calibration.txt").write_text(CALIBRATION_TEXT)
     python_code = []
     for lang, code in _runnable(page):

@@ -19,18 +19,11 @@ import optimum_shared_graph as osg
 from optimum_shared_graph import InvalidOptionsError, read_manifest
 from optimum_shared_graph.testing import CORPUS
 
-# hidden 128 so int4 group sizes (64) divide every projection; initializer_range 0.1 (the tiny default)
-MODEL = dict(hidden_size=128, intermediate_size=256)
 CAPACITY = 48
 DECODE_STEPS = 3
 NEW_TOKENS = 10
 LONG_TEXT = " ".join(CORPUS[:4])  # longer than CAPACITY - DECODE_STEPS tokens: truncated for calibration
 CALIBRATION_TEXTS = [line for text in CORPUS for line in text.splitlines() if line.strip()] + [LONG_TEXT]
-
-
-@pytest.fixture(scope="module")
-def model_path(tiny_model):
-    return tiny_model("llama", **MODEL)
 
 
 @pytest.fixture(scope="module")
@@ -41,10 +34,10 @@ def dataset_file(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def reference(model_path):
+def reference(quantizable_model):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    return AutoModelForCausalLM.from_pretrained(model_path).eval(), AutoTokenizer.from_pretrained(model_path)
+    return AutoModelForCausalLM.from_pretrained(quantizable_model).eval(), AutoTokenizer.from_pretrained(quantizable_model)
 
 
 def _expected_calls(tokenizer, query_len: int, capacity: int = CAPACITY, steps: int = DECODE_STEPS) -> dict[str, int]:
@@ -122,19 +115,19 @@ API_CASES = [(1, "int8", False, 0.6), (1, "int4-awq", True, 0.4), (8, "int4-awq"
 
 
 @pytest.mark.parametrize("query_len,mode,stateful,floor", API_CASES)
-def test_static_quantization_calibrated_on_static_calls(query_len, mode, stateful, floor, model_path, reference,
+def test_static_quantization_calibrated_on_static_calls(query_len, mode, stateful, floor, quantizable_model, reference,
                                                          tmp_path):
     out = tmp_path / "out"
-    osg.export(str(model_path), out, shape_mode="static", max_cache_len=CAPACITY, static_query_len=query_len,
+    osg.export(str(quantizable_model), out, shape_mode="static", max_cache_len=CAPACITY, static_query_len=query_len,
                stateful=stateful, quantization_config=_api_config(mode), calibration_decode_steps=DECODE_STEPS,
                quiet=True)
     manifest = _check_quantized(out, mode, query_len, stateful, reference, floor)
     assert manifest.quantization["quant_mode"] == ("int8" if mode == "int8" else None)
 
 
-def test_cli_static_int8_with_a_text_file(model_path, dataset_file, reference, tmp_path):
+def test_cli_static_int8_with_a_text_file(quantizable_model, dataset_file, reference, tmp_path):
     out = tmp_path / "static-int8-c4"
-    proc = run_cli("export", "openvino", "-m", str(model_path), "--task", "text-generation-shared",
+    proc = run_cli("export", "openvino", "-m", str(quantizable_model), "--task", "text-generation-shared",
                    "--shape-mode", "static", "--max-cache-len", str(CAPACITY), "--static-query-len", "4",
                    "--quant-mode", "int8", "--dataset", str(dataset_file),
                    "--calibration-decode-steps", str(DECODE_STEPS), str(out), check=True)
@@ -145,7 +138,7 @@ def test_cli_static_int8_with_a_text_file(model_path, dataset_file, reference, t
     assert manifest.quantization["quant_mode"] == "int8" and manifest.quantization["dataset"] == str(dataset_file)
 
 
-def test_samples_are_the_calls_static_session_makes(model_path):
+def test_samples_are_the_calls_static_session_makes(quantizable_model):
     """Every sample, KV buffers included, is bit-for-bit the feed `StaticSession` gives the graph: C = 4,
     a prompt truncated to the capacity minus the decode steps, and decode calls at the capacity's end,
     where the window slides back."""
@@ -157,7 +150,7 @@ def test_samples_are_the_calls_static_session_makes(model_path):
     from optimum_shared_graph._static import StaticSession, StaticShapes, export_static_graph
 
     capacity, C, steps = 16, 4, 3
-    pt = AutoModelForCausalLM.from_pretrained(model_path, torch_dtype=torch.float32).eval()
+    pt = AutoModelForCausalLM.from_pretrained(quantizable_model, torch_dtype=torch.float32).eval()
     graph = export_static_graph(pt, StaticShapes(1, C, capacity), logits="last", stateful=False)
     prompts = [{"input_ids": np.arange(10, 15)[None], "attention_mask": np.ones((1, 5), np.int64)},
                {"input_ids": np.arange(20, 40)[None], "attention_mask": np.ones((1, 20), np.int64)}]
@@ -201,7 +194,7 @@ def test_samples_are_the_calls_static_session_makes(model_path):
 # ------------------------------------------------------------------------------ invalid combinations
 
 
-def test_decode_steps_filling_the_capacity_are_refused_before_any_export_work(model_path, tmp_path, monkeypatch):
+def test_decode_steps_filling_the_capacity_are_refused_before_any_export_work(quantizable_model, tmp_path, monkeypatch):
     import optimum_shared_graph._export as export_module
 
     def no_model(*args, **kwargs):
@@ -210,19 +203,19 @@ def test_decode_steps_filling_the_capacity_are_refused_before_any_export_work(mo
     monkeypatch.setattr(export_module, "_load_model", no_model)
     with pytest.raises(InvalidOptionsError, match=r"--calibration-decode-steps 16 leaves no room .* use "
                                                   r"--calibration-decode-steps 15 or less, or raise --max-cache-len"):
-        osg.export(str(model_path), tmp_path / "x", shape_mode="static", max_cache_len=16,
+        osg.export(str(quantizable_model), tmp_path / "x", shape_mode="static", max_cache_len=16,
                    quantization_config=_api_config("int8"), calibration_decode_steps=16)
     assert not (tmp_path / "x").exists()
 
 
-def test_data_free_quantization_config_is_refused_before_any_export_work(model_path, tmp_path, monkeypatch):
+def test_data_free_quantization_config_is_refused_before_any_export_work(quantizable_model, tmp_path, monkeypatch):
     from optimum.intel.openvino.configuration import OVWeightQuantizationConfig
 
     import optimum_shared_graph._export as export_module
 
     monkeypatch.setattr(export_module, "_load_model", lambda *a, **k: pytest.fail("model loaded before the check"))
     with pytest.raises(InvalidOptionsError, match="without calibration data is not applied to static graphs"):
-        osg.export(str(model_path), tmp_path / "x", shape_mode="static", max_cache_len=16,
+        osg.export(str(quantizable_model), tmp_path / "x", shape_mode="static", max_cache_len=16,
                    quantization_config=OVWeightQuantizationConfig(bits=4, group_size=64))
     assert not (tmp_path / "x").exists()
 
@@ -234,14 +227,14 @@ def test_data_free_quantization_config_is_refused_before_any_export_work(model_p
     (["--weight-format", "int4", "--awq", "--scale-estimation", "--max-cache-len", "16"],
      "error: --awq, --scale-estimation without --dataset is not available with --shape-mode static"),
 ])
-def test_cli_invalid_static_quantization_is_one_error_line(flags, expected, model_path, dataset_file, tmp_path):
+def test_cli_invalid_static_quantization_is_one_error_line(flags, expected, quantizable_model, dataset_file, tmp_path):
     """Refused before any export work: the model's weights here are unreadable, and the error is still this one."""
     out = tmp_path / "out"
     out.mkdir()
     (out / "shared_graph.json").write_text('{"schema_version": 1}')  # a previous artifact must survive untouched
     before = tree_snapshot(out)
     model = tmp_path / "unloadable"
-    shutil.copytree(model_path, model)
+    shutil.copytree(quantizable_model, model)
     for weights in model.glob("*.safetensors"):
         weights.write_bytes(b"not a safetensors file")
     flags = [flag.format(data=dataset_file) for flag in flags]

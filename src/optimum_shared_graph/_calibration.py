@@ -585,6 +585,8 @@ def both_stage_quantization(decode_steps: int, report: CalibrationReport):
         bound = quantize_signature.bind(*args, **kwargs)
         bound.apply_defaults()
         arguments = bound.arguments
+        if static is not None and not is_data_aware(arguments["quantization_config"]):
+            return None  # a static export compresses its own graph data-free; optimum-intel's is a placeholder
         if "stateful" not in requested or not is_data_aware(arguments["quantization_config"]):
             return original_quantize(*bound.args, **bound.kwargs)
         if static is not None:  # optimum-intel's dynamic graph is replaced: quantize the static one instead

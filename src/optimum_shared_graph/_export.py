@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import os
@@ -10,7 +11,9 @@ import tempfile
 from pathlib import Path
 from typing import Any, Callable
 
-from ._calibration import CalibrationReport, both_stage_quantization, check_static_quantization, resolve_config_dataset
+from ._calibration import (
+    CalibrationReport, both_stage_quantization, check_static_quantization, is_data_aware, resolve_config_dataset,
+)
 from ._decompose import DEFAULT_PROMPT, Capture, check_one_graph_serves_both, decompose, save_exported_model
 from . import _fallback
 from ._errors import DecompositionError, ExportValidationError, ModelNotSupportedError, SharedGraphError
@@ -140,14 +143,15 @@ def _run_export(model: str, output_dir: str | os.PathLike, opts: ExportOptions, 
     output = Path(output_dir).absolute()
     _check_output(output)
     config = _load_config(model, opts)
-    static = None
+    static, calibrating = None, False
     if opts.is_static:  # checked against the model's config before any export work
         from ._static import resolve_static_shapes
 
-        static = resolve_static_shapes(config, opts)
+        static = resolve_static_shapes(config, opts)  # refuses an API quantization_config that is not data-aware
         cli_config = quantization_config() if quantization_config is not None else None
         if cli_config is not None:  # the CLI's quantization flags, as optimum-intel reads them
             check_static_quantization(static, opts.calibration_decode_steps, cli_config)
+        calibrating = opts.quantization_config is not None or is_data_aware(cli_config)
     pt_model = _load_model(model, config, opts)
     _progress.stage("decomposing generate()")
     capture, reason = _decompose(pt_model, model, opts, config)
@@ -184,7 +188,7 @@ def _run_export(model: str, output_dir: str | os.PathLike, opts: ExportOptions, 
                 # (a fallback is not validated: no captured calls to check it against)
                 with lifted_cap(cap_type, BASE_TASK, validating=not opts.skip_validation and reason is None,
                                 fallback_reason=reason) as lifted:
-                    with both_stage_quantization(opts.calibration_decode_steps, calibration):
+                    with both_stage_quantization(opts.calibration_decode_steps, calibration), _no_dynamic_graph(static, calibrating):
                         raw_export(source, raw)
                 if lifted is not None and capture is not None:
                     capture.notes.append(lifted.note)
@@ -215,6 +219,19 @@ def _run_export(model: str, output_dir: str | os.PathLike, opts: ExportOptions, 
         return manifest
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+
+
+def _no_dynamic_graph(static, calibrating: bool):
+    """A static export needs optimum-intel's configs, tokenizer and rt_info, not its dynamic graph.
+
+    Unless it calibrates: `quantize_static_graph` loads optimum-intel's (stateless) export as an
+    `OVModelForCausalLM` for its quantization entry point, which needs the dynamic graph.
+    """
+    if static is None or calibrating:
+        return contextlib.nullcontext()
+    from ._static import without_dynamic_graph
+
+    return without_dynamic_graph()
 
 
 def _check_output(output: Path) -> None:

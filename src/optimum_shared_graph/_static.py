@@ -382,6 +382,41 @@ def shapes_of(ov_model) -> StaticShapes:
     return StaticShapes(batch_size=ids[0].get_length(), query_len=ids[1].get_length(), cache_len=mask[1].get_length())
 
 
+@contextlib.contextmanager
+def without_dynamic_graph() -> Iterator[None]:
+    """While active, optimum-intel's export writes everything but its dynamic decoder graph.
+
+    A static export replaces that graph with its own (`write_static_graph`), so tracing and
+    converting it would be wasted work (about a third of a static export's time). optimum-intel still
+    loads the model, checks its transformers version limits, saves the configs, converts the
+    tokenizer, and saves, through its own `_save_model`, a one-input placeholder graph carrying the
+    rt_info it writes into every IR (its version, the export config's runtime options), which
+    `write_static_graph` copies onto the static graph before replacing the placeholder.
+    """
+    import inspect
+
+    import openvino as ov
+    import optimum.exporters.openvino.convert as ov_convert
+
+    original = ov_convert.export_pytorch
+    signature = inspect.signature(original)
+
+    def export_pytorch(*args, **kwargs):
+        arguments = signature.bind(*args, **kwargs).arguments
+        config = arguments["config"]
+        ids = ov.opset13.parameter([-1, -1], ov.Type.i64, name="input_ids")
+        placeholder = ov.Model([ov.opset13.result(ids)], [ids], "static-export-placeholder")
+        ov_convert._save_model(placeholder, arguments["output"], ov_config=None,
+                               library_name=arguments.get("library_name") or "transformers", config=config)
+        return list(config.inputs), list(config.outputs), False
+
+    ov_convert.export_pytorch = export_pytorch
+    try:
+        yield
+    finally:
+        ov_convert.export_pytorch = original
+
+
 def write_static_graph(
     pt_model, raw: Path, shapes: StaticShapes, opts: ExportOptions, *, capture=None, reason=None,
     weight_format: str | None = None,

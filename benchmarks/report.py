@@ -253,7 +253,9 @@ def _model_tables(name, model, results, add, ARTIFACTS, ROWS) -> None:
         f"{s['intermediate_size']}, vocab {s['vocab_size']:,}, max positions {s['max_position_embeddings']:,}, "
         f"tied embeddings: {s['tie_word_embeddings']}. Random init, no download. Generation figures: median of "
         f"{model['plan'].get('rounds') or results['settings']['rounds']} fresh process(es) per layout x "
-        f"{model['plan'].get('reps') or results['settings']['reps']} timed run(s) per prompt length.")
+        f"{model['plan'].get('reps') or results['settings']['reps']} timed run(s) per prompt length. Export figures: "
+        f"median of {results['settings'].get('export_reps') or 1} export(s) per layout, layouts interleaved; compile "
+        f"figures: median of {results['settings']['rounds']} fresh process(es) per layout.")
     add("")
     arts = model["artifacts"]
     two = arts.get("two-graph", {})

@@ -136,9 +136,9 @@ def plans(args) -> list[Plan]:
     return [
         Plan("qwen2-0.5b", list(ARTIFACTS), main_rows, args.prompt_lens or [128, STATIC_PROMPT, 1024, 2048]),
         # The 1.1B model: the layout comparisons that scale with size, at one prompt length, in one round of
-        # three timed runs per layout, to stay in the 30-minute budget.
+        # two timed runs per layout, to stay in the 30-minute budget.
         Plan("tinyllama-1.1b", ["shared", "with-past", "two-graph", "pytorch"],
-             ["shared-optimum", "withpast-optimum", "shared-runtime", "shared-genai"], [1024], rounds=1, reps=3),
+             ["shared-optimum", "withpast-optimum", "shared-runtime", "shared-genai"], [1024], rounds=1, reps=2),
     ]
 
 
@@ -183,36 +183,45 @@ def checkpoint_bytes(path: Path) -> int:
 
 
 def export_all(plan: Plan, model_dir: Path, work: Path, args, progress: Progress) -> dict:
+    """Export every artifact `--export-reps` times, layouts interleaved round by round (order rotated).
+
+    Each round rewrites the artifact in place, so the last round's files are the ones measured next;
+    the export figures are medians over the rounds.
+    """
     out: dict[str, dict] = {}
     positions = models.MODELS[plan.model]["max_position_embeddings"]
     max_cache = min(positions, STATIC_CAPACITY if not args.quick else 128)
-    for key in plan.artifacts:
-        artifact = ARTIFACTS[key]
-        target = work / "artifacts" / plan.model / key
-        command = artifact.export_command(model_dir, target, args.weight_format, max_cache)
-        progress.step(f"{plan.model}: export {key}")
-        if command is None:
-            out[key] = {"path": str(model_dir), "bytes": checkpoint_bytes(model_dir)}
-            progress.done()
-            continue
-        samples = []
-        for rep in range(args.export_reps):
+    keys = list(plan.artifacts)
+    samples: dict[str, list] = {k: [] for k in keys}
+    for key in keys:
+        if ARTIFACTS[key].export_command(model_dir, work, args.weight_format, max_cache) is None:
+            out[key] = {"path": str(model_dir), "bytes": checkpoint_bytes(model_dir)}  # pytorch: the checkpoint
+    for rnd in range(args.export_reps):
+        for key in keys[rnd % len(keys):] + keys[:rnd % len(keys)]:
+            if key in out:
+                continue
+            target = work / "artifacts" / plan.model / key
+            command = ARTIFACTS[key].export_command(model_dir, target, args.weight_format, max_cache)
+            progress.step(f"{plan.model}: export {key} ({rnd + 1}/{args.export_reps})")
             if target.exists():
                 shutil.rmtree(target)
-            res = children.run_child(command, log=work / "logs" / f"export-{plan.model}-{key}-{rep}.log")
+            res = children.run_child(command, log=work / "logs" / f"export-{plan.model}-{key}-{rnd}.log")
             if res.returncode != 0:
                 out[key] = {"skipped": res.error_line()}
                 progress.note(f"{plan.model}: {key} export skipped: {res.error_line()}")
-                break
-            samples.append({"wall_s": res.wall_s, "peak_rss_mb": res.peak_rss_mb})
-        if samples:
-            out[key] = {"path": str(target), "bytes": graph_bytes(target),
-                        "export_wall_s": statistics.median(s["wall_s"] for s in samples),
-                        "export_peak_mb": statistics.median(s["peak_rss_mb"] for s in samples),
-                        "export_samples": samples}
-            if key.startswith("static-c"):
-                out[key]["static_capacity"] = max_cache
-        progress.done()
+            else:
+                samples[key].append({"wall_s": res.wall_s, "peak_rss_mb": res.peak_rss_mb})
+            progress.done()
+    for key in keys:
+        if key in out:
+            continue
+        target = work / "artifacts" / plan.model / key
+        out[key] = {"path": str(target), "bytes": graph_bytes(target),
+                    "export_wall_s": statistics.median(s["wall_s"] for s in samples[key]),
+                    "export_peak_mb": statistics.median(s["peak_rss_mb"] for s in samples[key]),
+                    "export_samples": samples[key]}
+        if key.startswith("static-c"):
+            out[key]["static_capacity"] = max_cache
     return out
 
 
@@ -355,7 +364,8 @@ def parse_args(argv: list[str] | None):
                         help="fresh processes per layout, interleaved (default: 3; 5 for issue2; 1 with --quick)")
     parser.add_argument("--reps", type=int, default=1, help="timed generations per prompt length per process")
     parser.add_argument("--new-tokens", type=int, default=None, help="tokens per generation (default 32; 8 --quick)")
-    parser.add_argument("--export-reps", type=int, default=1, help="exports per artifact (export time median)")
+    parser.add_argument("--export-reps", type=int, default=None,
+                        help="exports per artifact, interleaved (export figures are medians; default 3; 1 with --quick)")
     parser.add_argument("--weight-format", default="fp16", choices=("fp16", "fp32"),
                         help="the same for every OpenVINO layout (default fp16)")
     parser.add_argument("--model-dtype", default="float16", choices=("float16", "float32", "bfloat16"),
@@ -370,6 +380,8 @@ def parse_args(argv: list[str] | None):
     args = parser.parse_args(argv)
     if args.rounds is None:
         args.rounds = 1 if args.quick else 5 if args.suite == "issue2" else 3
+    if args.export_reps is None:
+        args.export_reps = 1 if args.quick else 3
     if args.new_tokens is None:
         args.new_tokens = 8 if args.quick else 32
     if args.quick:
@@ -389,7 +401,7 @@ def main(argv: list[str] | None = None) -> int:
     work.mkdir(parents=True, exist_ok=True)
     started = time.time()
     todo = plans(args)
-    total = sum(1 + len(p.artifacts) + args.rounds * len([a for a in p.artifacts if ARTIFACTS[a].graphs])
+    total = sum(1 + args.export_reps * len([a for a in p.artifacts if ARTIFACTS[a].graphs]) + args.rounds * len([a for a in p.artifacts if ARTIFACTS[a].graphs])
                 + (p.rounds or args.rounds) * len(p.rows) for p in todo) + 1
     progress = Progress(total, enabled=not args.quiet and sys.stderr.isatty())
     results: dict = {"suite": "quick" if args.quick else args.suite, "machine": machine(), "versions": versions(),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 import textwrap
 
 import pytest
@@ -183,3 +184,63 @@ def test_reexport_replaces_a_previous_artifact(tiny_model, tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert not (out / "stale.txt").exists()
     assert json.loads((out / "shared_graph.json").read_text())["logits"] == "all"
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """`small_disk(size_bytes, readonly=False)` -> a directory on a tmpfs of that size (needs root to mount)."""
+    import subprocess
+
+    mounts = []
+
+    def mount(size: int, readonly: bool = False) -> Path:
+        where = tmp_path / f"disk{len(mounts)}"
+        where.mkdir()
+        options = f"size={size}" + (",ro" if readonly else "")
+        proc = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(where)], capture_output=True, text=True)
+        if proc.returncode != 0:
+            pytest.skip(f"cannot mount a tmpfs here: {proc.stderr.strip()}")
+        mounts.append(where)
+        return where
+
+    yield mount
+    for where in mounts:
+        subprocess.run(["umount", str(where)], check=False)
+
+
+def _artifact_sizes(tiny_model, tmp_path) -> tuple[int, int]:
+    """(bytes of a whole artifact of the tiny llama, bytes of its graph .bin), from a real export."""
+    out = tmp_path / "measure"
+    _export(tiny_model("llama"), out, "--quiet").check_returncode()
+    return sum(p.stat().st_size for p in out.iterdir()), (out / "openvino_model.bin").stat().st_size
+
+
+@pytest.mark.parametrize("where", ["optimum-intel's conversion", "the final graph"])
+def test_full_disk(where, small_disk, tiny_model, tmp_path):
+    total, graph = _artifact_sizes(tiny_model, tmp_path)
+    # Too small for optimum-intel's own files, or room for them but not for the graph written after validation.
+    disk = small_disk(graph // 4 if where.startswith("optimum") else total + graph // 2)
+    out = disk / "out"
+    proc = _export(tiny_model("llama"), out, "--quiet")
+    assert proc.returncode == 2
+    line = error_line(proc)
+    assert line.startswith(f"error: no space left on the disk holding {disk} (") and "another disk" in line, line
+    assert list(disk.iterdir()) == []  # no artifact, no staging directory
+
+
+def test_read_only_output_directory(small_disk, tiny_model):
+    disk = small_disk(2**20, readonly=True)
+    proc = _export(tiny_model("llama"), disk / "out", "--quiet")
+    assert proc.returncode == 2
+    line = error_line(proc)
+    assert line == (f"error: cannot write the artifact into {disk}: Read-only file system; choose an output directory "
+                    "you can write to (nothing was written)"), line
+
+
+def test_full_disk_from_python(small_disk, tiny_model):
+    import optimum_shared_graph as osg
+
+    disk = small_disk(64 * 2**10)
+    with pytest.raises(osg.ArtifactWriteError, match="no space left on the disk holding"):
+        osg.export(str(tiny_model("llama")), disk / "out", quiet=True)
+    assert list(disk.iterdir()) == []

@@ -5,17 +5,17 @@ import optimum_shared_graph
 
 def test_all():
     assert sorted(optimum_shared_graph.__all__) == sorted([
-        "TASK", "DecompositionError", "ExportOptions", "ExportValidationError", "InvalidOptionsError", "Manifest",
+        "TASK", "ArtifactWriteError", "DecompositionError", "ExportOptions", "ExportValidationError", "InvalidOptionsError", "Manifest",
         "ManifestError", "ModelNotSupportedError", "RuntimeSelectionError", "SharedGraphError", "export",
         "read_manifest", "register", "runtime", "supported_model_types",
     ])
 
 
 def test_error_tree():
-    from optimum_shared_graph import (DecompositionError, ExportValidationError, InvalidOptionsError, ManifestError,
-                                      ModelNotSupportedError, RuntimeSelectionError, SharedGraphError)
+    from optimum_shared_graph import (ArtifactWriteError, DecompositionError, ExportValidationError, InvalidOptionsError,
+                                      ManifestError, ModelNotSupportedError, RuntimeSelectionError, SharedGraphError)
 
-    for cls in (DecompositionError, ExportValidationError, InvalidOptionsError, ManifestError,
+    for cls in (ArtifactWriteError, DecompositionError, ExportValidationError, InvalidOptionsError, ManifestError,
                 ModelNotSupportedError, RuntimeSelectionError):
         assert issubclass(cls, SharedGraphError)
 

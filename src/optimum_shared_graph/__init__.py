@@ -4,6 +4,7 @@ Installing the package adds `--task text-generation-shared` to `optimum-cli expo
 """
 
 from ._errors import (
+    ArtifactWriteError,
     DecompositionError,
     ExportValidationError,
     InvalidOptionsError,
@@ -22,6 +23,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "TASK",
+    "ArtifactWriteError",
     "DecompositionError",
     "ExportOptions",
     "ExportValidationError",

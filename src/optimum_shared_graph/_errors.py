@@ -7,6 +7,7 @@ Every message is one line that says what is wrong and how to fix it. The tree::
     ├── ModelNotSupportedError     missing path, not a causal LM, unknown model type, remote code
     ├── DecompositionError         generate() could not be split into prefill and decode calls
     ├── ExportValidationError      the exported graph does not reproduce the PyTorch model
+    ├── ArtifactWriteError         the artifact cannot be written (disk full, read-only, no permission)
     ├── ManifestError              missing, corrupt, newer-schema or tampered artifact
     └── RuntimeSelectionError      no runtime provider covers what an artifact requires,
                                    or a request the artifact cannot serve (prompt too long, ...)
@@ -55,6 +56,11 @@ class ExportValidationError(SharedGraphError):
     def __init__(self, message: str, *, report: dict | None = None):
         super().__init__(message)
         self.report = report or {}
+
+
+class ArtifactWriteError(SharedGraphError, OSError):
+    """The artifact could not be written where it was asked for: no space left, a read-only file system,
+    no permission. Nothing is left behind."""
 
 
 class ManifestError(SharedGraphError):

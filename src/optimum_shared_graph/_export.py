@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import functools
 import logging
 import os
@@ -16,7 +17,9 @@ from ._calibration import (
 )
 from ._decompose import DEFAULT_PROMPT, Capture, check_one_graph_serves_both, decompose, save_exported_model
 from . import _fallback
-from ._errors import DecompositionError, ExportValidationError, ModelNotSupportedError, SharedGraphError
+from ._errors import (
+    ArtifactWriteError, DecompositionError, ExportValidationError, ModelNotSupportedError, SharedGraphError,
+)
 from ._manifest import (
     GRAPH_BIN, GRAPH_XML, MANIFEST_NAME, RT_INFO_KEY, Manifest, describe_ports, hash_graph_files,
 )
@@ -169,56 +172,113 @@ def _run_export(model: str, output_dir: str | os.PathLike, opts: ExportOptions, 
         _fallback.warn(reason, export_task)
 
     _progress.stage("converting (optimum-intel)")
-    output.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{output.name}.", suffix=".partial", dir=output.parent))
     try:
-        raw = staging / "raw"
-        calibration = CalibrationReport()  # filled when data-aware quantization calibrates
-        final = staging / "final"
-        source = model
-        if capture is not None and capture.module is not None:  # the inner causal LM generate() drives
-            source = str(save_exported_model(capture, model, staging / "inner", trust_remote_code=opts.trust_remote_code))
-        if static is None:  # validation needs only the captured calls: free the fp32 copy before optimum-intel loads its own
-            pt_model = None
-            _release_pytorch(capture)
-        try:
-            if export_task == BASE_TASK:
-                cap_type = capture.exported.config.model_type if source != model else config.model_type
-                # past optimum-intel's transformers cap only when validation will guard the graph
-                # (a fallback is not validated: no captured calls to check it against)
-                with lifted_cap(cap_type, BASE_TASK, validating=not opts.skip_validation and reason is None,
-                                fallback_reason=reason) as lifted:
-                    with both_stage_quantization(opts.calibration_decode_steps, calibration), _no_dynamic_graph(static, calibrating):
-                        raw_export(source, raw)
-                if lifted is not None and capture is not None:
-                    capture.notes.append(lifted.note)
-            else:  # optimum-intel's own partitioning for a vision-language model
-                raw_export(source, raw, task=export_task)
-        except SharedGraphError:
-            raise
-        except (Exception, SystemExit) as err:  # optimum-intel reports with ValueError, RuntimeError, ...
-            first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-            exported_type = capture.exported.config.model_type if source != model else config.model_type
-            raise ModelNotSupportedError(
-                f"optimum-intel could not export {exported_type} as {export_task}: {first}"
-            ) from err
-        if static is not None:  # --shape-mode static: the static graph replaces optimum-intel's dynamic one
-            from ._static import write_static_graph
+        output.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=f".{output.name}.", suffix=".partial", dir=output.parent))
+    except OSError as err:
+        raise _write_error(output.parent, err) from err
+    try:
+        with _disk_errors_reported(staging, output.parent):
+            raw = staging / "raw"
+            calibration = CalibrationReport()  # filled when data-aware quantization calibrates
+            final = staging / "final"
+            source = model
+            if capture is not None and capture.module is not None:  # the inner causal LM generate() drives
+                source = str(save_exported_model(capture, model, staging / "inner", trust_remote_code=opts.trust_remote_code))
+            if static is None:  # validation needs only the captured calls: free the fp32 copy before optimum-intel loads its own
+                pt_model = None
+                _release_pytorch(capture)
+            try:
+                if export_task == BASE_TASK:
+                    cap_type = capture.exported.config.model_type if source != model else config.model_type
+                    # past optimum-intel's transformers cap only when validation will guard the graph
+                    # (a fallback is not validated: no captured calls to check it against)
+                    with lifted_cap(cap_type, BASE_TASK, validating=not opts.skip_validation and reason is None,
+                                    fallback_reason=reason) as lifted:
+                        with both_stage_quantization(opts.calibration_decode_steps, calibration), _no_dynamic_graph(static, calibrating):
+                            raw_export(source, raw)
+                    if lifted is not None and capture is not None:
+                        capture.notes.append(lifted.note)
+                else:  # optimum-intel's own partitioning for a vision-language model
+                    raw_export(source, raw, task=export_task)
+            except SharedGraphError:
+                raise
+            except (Exception, SystemExit) as err:  # optimum-intel reports with ValueError, RuntimeError, ...
+                if _disk_trouble(staging, err):  # a full disk, not the model: say so
+                    raise _write_error(output.parent, err) from err
+                first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+                exported_type = capture.exported.config.model_type if source != model else config.model_type
+                raise ModelNotSupportedError(
+                    f"optimum-intel could not export {exported_type} as {export_task}: {first}"
+                ) from err
+            if static is not None:  # --shape-mode static: the static graph replaces optimum-intel's dynamic one
+                from ._static import write_static_graph
 
-            _progress.stage("static graph")
-            capture = write_static_graph(pt_model, raw, static, opts, capture=capture, reason=reason,
-                                         weight_format=(quantization or {}).get("weight_format") or opts.weight_format)
-        try:
-            manifest = _finish(raw, final, config, capture, reason, opts, model, quantization, calibration)
-        except ExportValidationError as err:
-            if export_task == BASE_TASK and lifted is not None:
-                raise ExportValidationError(f"{err}; {lifted.refusal}", report=err.report) from err
-            raise
-        _move_into_place(final, output)
+                _progress.stage("static graph")
+                capture = write_static_graph(pt_model, raw, static, opts, capture=capture, reason=reason,
+                                             weight_format=(quantization or {}).get("weight_format") or opts.weight_format)
+            try:
+                manifest = _finish(raw, final, config, capture, reason, opts, model, quantization, calibration)
+            except ExportValidationError as err:
+                if export_task == BASE_TASK and lifted is not None:
+                    raise ExportValidationError(f"{err}; {lifted.refusal}", report=err.report) from err
+                raise
+            _move_into_place(final, output)
         manifest.path = output / MANIFEST_NAME
         return manifest
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+
+
+# Below this many free bytes after a failed write, the disk is taken to be what failed it.
+_NEARLY_FULL = 64 * 2**20
+
+
+@contextlib.contextmanager
+def _disk_errors_reported(staging: Path, where: Path):
+    """Turn a failure of the disk under `staging` into one `ArtifactWriteError` line about `where`.
+
+    OpenVINO's writer fails with `RuntimeError("basic_ios::clear: iostream error")`, Python's with
+    `OSError`; any other error, and any error while the disk is fine, goes through unchanged.
+    """
+    try:
+        yield
+    except (OSError, RuntimeError) as err:
+        if isinstance(err, SharedGraphError) or not _disk_trouble(staging, err):
+            raise
+        raise _write_error(where, err) from err
+
+
+def _free_bytes(where: Path) -> int | None:
+    try:
+        return shutil.disk_usage(where).free
+    except OSError:
+        return None
+
+
+def _disk_trouble(where: Path, err: BaseException) -> bool:
+    """Whether `err` (from any library) comes from the disk: no space left, read-only, no permission."""
+    if isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM):
+        return True
+    free = _free_bytes(where)
+    return free is not None and free < _NEARLY_FULL
+
+
+def _write_error(where: Path, err: BaseException) -> ArtifactWriteError:
+    """One line for an artifact that cannot be written into `where` (checked before the staging is removed)."""
+    free = _free_bytes(where)
+    code = getattr(err, "errno", None)
+    denied = code in (errno.EROFS, errno.EACCES, errno.EPERM)
+    if code in (errno.ENOSPC, errno.EDQUOT) or (not denied and free is not None and free < _NEARLY_FULL):
+        return ArtifactWriteError(
+            f"no space left on the disk holding {where} ({(free or 0) / 2**20:,.0f} MB free) while writing the artifact: "
+            "free some space or choose an output directory on another disk (nothing was written)"
+        )
+    reason = getattr(err, "strerror", None) or (str(err).strip().splitlines() or [type(err).__name__])[0]
+    return ArtifactWriteError(
+        f"cannot write the artifact into {where}: {reason}; choose an output directory you can write to "
+        "(nothing was written)"
+    )
 
 
 def _no_dynamic_graph(static, calibrating: bool):

@@ -399,6 +399,11 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     work: Path = args.workdir.absolute()
     work.mkdir(parents=True, exist_ok=True)
+    need = (1 if args.quick else 24) * 2**30  # models, every layout's artifact, an export's staging copy
+    free = shutil.disk_usage(work).free
+    if free < need:
+        raise SystemExit(f"error: {work} has {free / 2**30:.1f} GiB free; this suite needs about {need / 2**30:.0f} GiB "
+                         "(models, artifacts and an export's staging copy): free space or pass --workdir on another disk")
     started = time.time()
     todo = plans(args)
     total = sum(1 + args.export_reps * len([a for a in p.artifacts if ARTIFACTS[a].graphs]) + args.rounds * len([a for a in p.artifacts if ARTIFACTS[a].graphs])

@@ -204,8 +204,8 @@ def small_disk(tmp_path):
         return where
 
     yield mount
-    for where in mounts:
-        subprocess.run(["umount", str(where)], check=False)
+    for where in mounts:  # lazily: a library may still hold a descriptor of a file it failed to write
+        subprocess.run(["umount", "--lazy", str(where)], check=False)
 
 
 def _artifact_sizes(tiny_model, tmp_path) -> tuple[int, int]:

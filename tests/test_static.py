@@ -285,3 +285,39 @@ def test_prefill_only_inputs_need_a_separate_prefill_graph(tmp_path):
         osg.export(str(path), out, trust_remote_code=True)
     assert "\n" not in str(info.value)
     assert not out.exists()
+
+
+def _compressed_weights(xml) -> dict[str, list[list[int]]]:
+    """Shapes of the graph's compressed weight constants, by element type (u8/i8/u4/i4/nf4...)."""
+    import openvino as ov
+
+    shapes: dict[str, list[list[int]]] = {}
+    for op in ov.Core().read_model(xml).get_ops():
+        if op.get_type_name() == "Constant":
+            kind = op.get_output_element_type(0).get_type_name()
+            if kind in ("u8", "i8", "u4", "i4", "nf4"):
+                shapes.setdefault(kind, []).append(list(op.get_output_shape(0)))
+    return shapes
+
+
+@pytest.mark.parametrize("flags,check", [
+    (["--weight-format", "int8"], lambda w: "u8" in w and not ({"u4", "i4"} & set(w))),
+    # optimum-intel's own flags reach NNCF: a group size of 32 (default 128) and symmetric int4
+    (["--weight-format", "int4", "--group-size", "32", "--sym", "--ratio", "1.0"],
+     lambda w: "i4" in w and all(shape[-1] == 32 for shape in w["i4"] if len(shape) == 3)),
+], ids=["int8", "int4-g32-sym"])
+def test_static_data_free_weight_compression(flags, check, quantizable_model, tmp_path):
+    out = tmp_path / "static-compressed"
+    run_cli("export", "openvino", "-m", str(quantizable_model), "--task", "text-generation-shared",
+            "--shape-mode", "static", "--max-cache-len", "48", "--static-query-len", "4", "--quiet", *flags, str(out),
+            check=True)
+    weights = _compressed_weights(out / "openvino_model.xml")
+    assert check(weights), weights
+    manifest = read_manifest(out)
+    assert manifest.quantization["weight_format"] == flags[1]
+    assert manifest.quantization["calibration_samples"] == {"prefill": 0, "decode": 0}
+    model = osg.runtime(out)
+    ids = _prompt(10)
+    tokens = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=6, min_new_tokens=6,
+                            do_sample=False, pad_token_id=0)
+    assert tokens.shape == (1, 16)

@@ -586,7 +586,8 @@ def both_stage_quantization(decode_steps: int, report: CalibrationReport):
         bound.apply_defaults()
         arguments = bound.arguments
         if static is not None and not is_data_aware(arguments["quantization_config"]):
-            return None  # a static export compresses its own graph data-free; optimum-intel's is a placeholder
+            static.weight_config = arguments["quantization_config"]  # applied to the static graph instead
+            return None
         if "stateful" not in requested or not is_data_aware(arguments["quantization_config"]):
             return original_quantize(*bound.args, **bound.kwargs)
         if static is not None:  # optimum-intel's dynamic graph is replaced: quantize the static one instead
@@ -618,12 +619,14 @@ class StaticQuantization:
     Registered for the current export by `resolve_static_shapes` (before any export work); the
     `_main_quantize` hook of `both_stage_quantization` fills in the config optimum-intel built from
     its flags (and the arguments it was called with) instead of quantizing the dynamic graph, and
-    the static path then runs `quantize_static_graph`.
+    the static path then runs `quantize_static_graph` (data-aware) or compresses the static graph's
+    weights with optimum-intel's `_weight_only_quantization` and that config (data-free).
     """
 
     shapes: Any  # _static.StaticShapes
     decode_steps: int
-    config: Any = None
+    config: Any = None  # a data-aware config: calibrated on the static graph's calls
+    weight_config: Any = None  # a data-free weight-compression config: applied to the static graph as is
     report: CalibrationReport | None = None
     model_name_or_path: str | None = None
     trust_remote_code: bool = False

@@ -26,7 +26,7 @@ from __future__ import annotations
 import contextlib
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Iterator
 
 import numpy as np
 
@@ -463,8 +463,8 @@ def write_static_graph(
         if opts.stateful:
             make_static_stateful(ov_model)
         fmt = "fp32"  # the quantized graph is saved as NNCF left it
-    elif fmt not in ("fp32", "fp16"):
-        ov_model = _compress_weights(ov_model, fmt, opts)
+    elif pending is not None and pending.weight_config is not None:
+        ov_model = _compress_weights(ov_model, pending.weight_config)
     (raw / GRAPH_XML).unlink()
     (raw / GRAPH_BIN).unlink(missing_ok=True)
     ov.save_model(ov_model, raw / GRAPH_XML, compress_to_fp16=(fmt == "fp16"))
@@ -490,24 +490,16 @@ def _capture_that_fits(pt_model, capture, shapes: StaticShapes, opts: ExportOpti
     return capture_generation(pt_model, ids, mask, new_tokens, **kwargs)
 
 
-def _compress_weights(ov_model, fmt: str, opts: ExportOptions):
-    """Data-free weight compression of the static graph (`--weight-format` without calibration)."""
-    import nncf
+def _compress_weights(ov_model, config):
+    """Data-free weight compression of the static graph (`--weight-format` without calibration).
 
-    modes = {
-        "int8": nncf.CompressWeightsMode.INT8_ASYM,
-        "int4": nncf.CompressWeightsMode.INT4_ASYM,
-        "nf4": nncf.CompressWeightsMode.NF4,
-        "mxfp4": getattr(nncf.CompressWeightsMode, "MXFP4", None) or getattr(nncf.CompressWeightsMode, "E2M1", None),
-        "cb4": getattr(nncf.CompressWeightsMode, "CB4_F8E4M3", None),
-    }
-    mode = modes.get(fmt)
-    if mode is None:
-        raise InvalidOptionsError(f"--weight-format {fmt} is not supported with --shape-mode static by this NNCF version")
-    kwargs: dict[str, Any] = {"mode": mode}
-    if fmt in ("int4", "nf4", "mxfp4", "cb4"):
-        kwargs.update(ratio=1.0, group_size=32 if fmt in ("mxfp4", "cb4") else 128, all_layers=False)
-    return nncf.compress_weights(ov_model, **kwargs)
+    `config` is the weight-compression config optimum-intel built from the flags (`--weight-format`,
+    `--group-size`, `--ratio`, `--sym`, `--all-layers`, ... or the Python API's `weight_format`), applied
+    by optimum-intel's own `_weight_only_quantization`, as its dynamic export would apply it.
+    """
+    from optimum.intel.openvino.quantization import _weight_only_quantization
+
+    return _weight_only_quantization(ov_model, config, verify_not_optimized=False)
 
 
 # -------------------------------------------------------------------------------------------- session

@@ -194,8 +194,8 @@ def export_all(plan: Plan, model_dir: Path, work: Path, args, progress: Progress
     keys = list(plan.artifacts)
     samples: dict[str, list] = {k: [] for k in keys}
     for key in keys:
-        if ARTIFACTS[key].export_command(model_dir, work, args.weight_format, max_cache) is None:
-            out[key] = {"path": str(model_dir), "bytes": checkpoint_bytes(model_dir)}  # pytorch: the checkpoint
+        if not ARTIFACTS[key].graphs:  # pytorch: the checkpoint itself, not exported
+            out[key] = {"path": str(model_dir), "bytes": checkpoint_bytes(model_dir)}
     for rnd in range(args.export_reps):
         for key in keys[rnd % len(keys):] + keys[:rnd % len(keys)]:
             if key in out:
@@ -406,7 +406,7 @@ def main(argv: list[str] | None = None) -> int:
                          "(models, artifacts and an export's staging copy): free space or pass --workdir on another disk")
     started = time.time()
     todo = plans(args)
-    total = sum(1 + args.export_reps * len([a for a in p.artifacts if ARTIFACTS[a].graphs]) + args.rounds * len([a for a in p.artifacts if ARTIFACTS[a].graphs])
+    total = sum(1 + (args.export_reps + args.rounds) * len([a for a in p.artifacts if ARTIFACTS[a].graphs])
                 + (p.rounds or args.rounds) * len(p.rows) for p in todo) + 1
     progress = Progress(total, enabled=not args.quiet and sys.stderr.isatty())
     results: dict = {"suite": "quick" if args.quick else args.suite, "machine": machine(), "versions": versions(),

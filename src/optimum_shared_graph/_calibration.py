@@ -585,16 +585,17 @@ def both_stage_quantization(decode_steps: int, report: CalibrationReport):
         bound = quantize_signature.bind(*args, **kwargs)
         bound.apply_defaults()
         arguments = bound.arguments
-        if static is not None and not is_data_aware(arguments["quantization_config"]):
-            static.weight_config = arguments["quantization_config"]  # applied to the static graph instead
-            return None
-        if "stateful" not in requested or not is_data_aware(arguments["quantization_config"]):
-            return original_quantize(*bound.args, **bound.kwargs)
-        if static is not None:  # optimum-intel's dynamic graph is replaced: quantize the static one instead
+        data_aware = is_data_aware(arguments["quantization_config"])
+        if static is not None:  # optimum-intel's dynamic graph is replaced: the static one is quantized instead
+            if not data_aware:
+                static.weight_config = arguments["quantization_config"]
+                return None
             static.config, static.report = arguments["quantization_config"], report
             static.model_name_or_path, static.trust_remote_code = arguments["model_name_or_path"], arguments["trust_remote_code"]
             static.cache_dir, static.model_kwargs = arguments["cache_dir"], arguments["model_kwargs"]
             return None
+        if "stateful" not in requested or not data_aware:
+            return original_quantize(*bound.args, **bound.kwargs)
         quantize_both_stages(
             arguments["model_name_or_path"], arguments["output"], arguments["quantization_config"],
             decode_steps=decode_steps, stateful=requested["stateful"], report=report,
@@ -675,8 +676,8 @@ def check_static_quantization(shapes, decode_steps: int, quantization_config: An
 
     Raises:
         InvalidOptionsError: the decode steps leave no room for a prompt in the capacity; a data-aware
-            algorithm (AWQ, scale estimation, GPTQ, LoRA correction) without a dataset, which static
-            data-free compression would silently drop; a local dataset file that is empty or unreadable.
+            algorithm (AWQ, scale estimation, GPTQ, LoRA correction) without a dataset, which needs the
+            static graph's own calibration calls; a local dataset file that is empty or unreadable.
     """
     from optimum.intel.openvino.configuration import OVWeightQuantizationConfig, _quantization_config_from_dict
 

@@ -176,9 +176,9 @@ def _run_export(model: str, output_dir: str | os.PathLike, opts: ExportOptions, 
         output.parent.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(prefix=f".{output.name}.", suffix=".partial", dir=output.parent))
     except OSError as err:
-        raise _write_error(output.parent, err) from err
+        raise _write_error(output.parent, err, _disk_problem(output.parent, err)) from err
     try:
-        with _disk_errors_reported(staging, output.parent):
+        with _disk_errors_reported(output.parent):  # staging is a directory in output.parent, on its disk
             raw = staging / "raw"
             calibration = CalibrationReport()  # filled when data-aware quantization calibrates
             final = staging / "final"
@@ -204,8 +204,9 @@ def _run_export(model: str, output_dir: str | os.PathLike, opts: ExportOptions, 
             except SharedGraphError:
                 raise
             except (Exception, SystemExit) as err:  # optimum-intel reports with ValueError, RuntimeError, ...
-                if _disk_trouble(staging, err):  # a full disk, not the model: say so
-                    raise _write_error(output.parent, err) from err
+                problem = _disk_problem(output.parent, err)
+                if problem is not None:  # a full disk, not the model: say so
+                    raise _write_error(output.parent, err, problem) from err
                 first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
                 exported_type = capture.exported.config.model_type if source != model else config.model_type
                 raise ModelNotSupportedError(
@@ -235,8 +236,8 @@ _NEARLY_FULL = 64 * 2**20
 
 
 @contextlib.contextmanager
-def _disk_errors_reported(staging: Path, where: Path):
-    """Turn a failure of the disk under `staging` into one `ArtifactWriteError` line about `where`.
+def _disk_errors_reported(where: Path):
+    """Turn a failure of the disk holding `where` into one `ArtifactWriteError` line.
 
     OpenVINO's writer fails with `RuntimeError("basic_ios::clear: iostream error")`, Python's with
     `OSError`; any other error, and any error while the disk is fine, goes through unchanged.
@@ -244,9 +245,10 @@ def _disk_errors_reported(staging: Path, where: Path):
     try:
         yield
     except (OSError, RuntimeError) as err:
-        if isinstance(err, SharedGraphError) or not _disk_trouble(staging, err):
+        problem = None if isinstance(err, SharedGraphError) else _disk_problem(where, err)
+        if problem is None:
             raise
-        raise _write_error(where, err) from err
+        raise _write_error(where, err, problem) from err
 
 
 def _free_bytes(where: Path) -> int | None:
@@ -256,23 +258,26 @@ def _free_bytes(where: Path) -> int | None:
         return None
 
 
-def _disk_trouble(where: Path, err: BaseException) -> bool:
-    """Whether `err` (from any library) comes from the disk: no space left, read-only, no permission."""
-    if isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM):
-        return True
-    free = _free_bytes(where)
-    return free is not None and free < _NEARLY_FULL
+def _disk_problem(where: Path, err: BaseException) -> str | None:
+    """"full" or "denied" when `err` (from any library) comes from the disk holding `where`, else None.
 
-
-def _write_error(where: Path, err: BaseException) -> ArtifactWriteError:
-    """One line for an artifact that cannot be written into `where` (checked before the staging is removed)."""
-    free = _free_bytes(where)
+    Checked before the staging directory is removed: a write that filled the disk leaves it nearly full.
+    """
     code = getattr(err, "errno", None)
-    denied = code in (errno.EROFS, errno.EACCES, errno.EPERM)
-    if code in (errno.ENOSPC, errno.EDQUOT) or (not denied and free is not None and free < _NEARLY_FULL):
+    if code in (errno.ENOSPC, errno.EDQUOT):
+        return "full"
+    if code in (errno.EROFS, errno.EACCES, errno.EPERM):
+        return "denied"
+    free = _free_bytes(where)
+    return "full" if free is not None and free < _NEARLY_FULL else None
+
+
+def _write_error(where: Path, err: BaseException, problem: str | None) -> ArtifactWriteError:
+    """One line for an artifact that cannot be written into `where` (`problem` from `_disk_problem`)."""
+    if problem == "full":
         return ArtifactWriteError(
-            f"no space left on the disk holding {where} ({(free or 0) / 2**20:,.0f} MB free) while writing the artifact: "
-            "free some space or choose an output directory on another disk (nothing was written)"
+            f"no space left on the disk holding {where} ({(_free_bytes(where) or 0) / 2**20:,.0f} MB free) while "
+            "writing the artifact: free some space or choose an output directory on another disk (nothing was written)"
         )
     reason = getattr(err, "strerror", None) or (str(err).strip().splitlines() or [type(err).__name__])[0]
     return ArtifactWriteError(

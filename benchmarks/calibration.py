@@ -54,7 +54,7 @@ MODELS = {"qwen2-0.5b": QWEN2_0_5B, "smollm-135m": SMOLLM_135M, "toy": TOY}
 
 # Runs optimum-cli in-process with the calibration's activation range estimator set (argv[1]).
 _CLI = (
-    "import sys; import optimum_shared_graph._calibration as c; e = sys.argv.pop(1); "
+    "import sys; import optimum_shared_graph.quantization.calibration as c; e = sys.argv.pop(1); "
     "c.ACTIVATION_RANGE_ESTIMATOR = None if e == 'nncf-default' else e; sys.argv[0] = 'optimum-cli'; "
     "from optimum.commands.optimum_cli import main; sys.exit(main())"
 )
@@ -146,8 +146,8 @@ def errors(artifact: Path, prompts: list[np.ndarray], refs: list[dict]) -> dict[
     """Mean KL(fp32 || quantized) and top-1 agreement, on the prefill call and on the decode steps."""
     import openvino as ov
 
-    sys.path.insert(0, str(HERE.parent / "src"))
-    from optimum_shared_graph._session import EXACT_CONFIG, GraphSession
+    sys.path.insert(0, str(HERE.parent))
+    from optimum_shared_graph.runtimes.session import EXACT_CONFIG, GraphSession
 
     session = GraphSession(ov.Core().compile_model(str(artifact / "openvino_model.xml"), "CPU", EXACT_CONFIG))
     stats = {"prefill": ([], []), "decode": ([], [])}

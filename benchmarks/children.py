@@ -12,11 +12,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-SRC = HERE.parent / "src"
+SRC = HERE.parent
 
 
 def child_env() -> dict[str, str]:
-    """The environment of every child: the project's `src/` first on the path (its optimum-cli hook
+    """The environment of every child: the project root first on the path (its optimum-cli hook
     imports from there), no telemetry, no progress bars in the children."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(SRC), env.get("PYTHONPATH", "")) if p)

@@ -120,3 +120,14 @@ def tree_snapshot(path: Path) -> dict[str, bytes] | None:
     if not path.exists():
         return None
     return {str(p.relative_to(path)): p.read_bytes() for p in sorted(path.rglob("*")) if p.is_file()}
+
+
+def unloadable_copy(model: Path, dest: Path) -> Path:
+    """A copy of `model` whose weights file is garbage: a check made before the model is loaded still
+    gives its own error; one made after it gives 'cannot load the weights'."""
+    import shutil
+
+    shutil.copytree(model, dest)
+    for weights in dest.glob("*.safetensors"):
+        weights.write_bytes(b"not a safetensors file")
+    return dest

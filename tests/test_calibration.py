@@ -50,7 +50,7 @@ def _agreement(out, quantizable_model, texts=HELD_OUT, new_tokens=NEW_TOKENS) ->
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from optimum_shared_graph._session import EXACT_CONFIG, GraphSession
+    from optimum_shared_graph.runtimes.session import EXACT_CONFIG, GraphSession
 
     tok = AutoTokenizer.from_pretrained(quantizable_model)
     pt = AutoModelForCausalLM.from_pretrained(quantizable_model).eval()
@@ -115,7 +115,7 @@ def test_decode_samples_carry_their_kv_cache(export, quantizable_model):
     import torch
     from transformers import AutoModelForCausalLM
 
-    from optimum_shared_graph._calibration import BothStageSamples
+    from optimum_shared_graph.quantization.both_stages import BothStageSamples
 
     out = export("fp32-stateless", "--disable-stateful", "--weight-format", "fp32")
     ov_model = ov.Core().read_model(out / "openvino_model.xml")
@@ -199,7 +199,7 @@ def test_activation_range_estimator_reaches_nncf_through_optimum_intel_config():
         OVWeightQuantizationConfig,
     )
 
-    from optimum_shared_graph._calibration import _with_activation_range
+    from optimum_shared_graph.quantization.calibration import _with_activation_range
 
     full = _with_activation_range(OVQuantizationConfig(smooth_quant_alpha=0.9), "MINMAX")
     advanced = full.to_nncf_dict()["advanced_parameters"]

@@ -1,7 +1,7 @@
 """The architecture coverage sweep (`scripts/coverage.py`) on a representative subset of model types.
 
 CI runs this subset (`pytest -m coverage`); the full sweep over every supported model type writes
-`docs/architectures.md` (`PYTHONPATH=src python scripts/coverage.py`, about 30 minutes).
+`docs/architectures.md` (`PYTHONPATH=. python scripts/coverage.py`, about 30 minutes).
 """
 
 from __future__ import annotations

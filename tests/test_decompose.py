@@ -14,7 +14,7 @@ import torch
 from conftest import EXACT, PROMPTS, remote_code_llama, run_cli
 
 from optimum_shared_graph import ExportValidationError, export, read_manifest
-from optimum_shared_graph._manifest import sha256_file
+from optimum_shared_graph.manifest import sha256_file
 
 NEW_TOKENS = 12
 
@@ -117,7 +117,7 @@ def test_capture_records_prefill_then_decode_steps(tiny_model):
     """The first recorded call is the whole prompt, each next one a single token over a growing cache."""
     from transformers import AutoModelForCausalLM
 
-    from optimum_shared_graph._decompose import capture_generation
+    from optimum_shared_graph.pipeline.decompose import capture_generation
 
     pt = AutoModelForCausalLM.from_pretrained(tiny_model("llama")).eval()
     ids = torch.tensor([[5, 17, 42, 99, 7, 3]])
@@ -139,8 +139,8 @@ def test_wrapper_capture_finds_the_inner_model(wrapper_model):
     """Top-level forward() is bypassed; the retry records `language_model.forward()` during the wrapper's generate()."""
     from transformers import AutoModelForCausalLM
 
-    from optimum_shared_graph._decompose import capture_generation, decompose
-    from optimum_shared_graph._errors import DecompositionError
+    from optimum_shared_graph.pipeline.decompose import capture_generation, decompose
+    from optimum_shared_graph.errors import DecompositionError
 
     pt = AutoModelForCausalLM.from_pretrained(wrapper_model, trust_remote_code=True).eval()
     ids = torch.tensor([[5, 17, 42, 99]])
@@ -219,7 +219,7 @@ def test_inner_model_under_an_architecture_specific_name(tiny_model):
     """An inner causal LM under a name of the architecture's own is found among the sub-models that can generate."""
     from transformers import AutoModelForCausalLM, LlamaModel
 
-    from optimum_shared_graph._decompose import decompose
+    from optimum_shared_graph.pipeline.decompose import decompose
 
     class Backboned(torch.nn.Module):
         def __init__(self, inner):

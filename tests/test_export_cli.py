@@ -11,7 +11,7 @@ import torch
 from conftest import ARCHITECTURES, EXACT, PROMPTS, run_cli
 
 from optimum_shared_graph import read_manifest
-from optimum_shared_graph._manifest import sha256_file
+from optimum_shared_graph.manifest import sha256_file
 
 NEW_TOKENS = 12
 

@@ -11,7 +11,7 @@ import torch
 from conftest import EXACT, PROMPTS, error_line, remote_code_llama, run_cli, tree_snapshot
 
 from optimum_shared_graph import read_manifest
-from optimum_shared_graph._manifest import sha256_file
+from optimum_shared_graph.manifest import sha256_file
 
 TASK = ["--task", "text-generation-shared"]
 NEW_TOKENS = 12

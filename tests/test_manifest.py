@@ -7,7 +7,7 @@ import json
 import pytest
 
 from optimum_shared_graph import ManifestError, read_manifest
-from optimum_shared_graph._manifest import MANIFEST_NAME, SCHEMA_VERSION, Manifest, hash_graph_files
+from optimum_shared_graph.manifest import MANIFEST_NAME, SCHEMA_VERSION, Manifest, hash_graph_files
 
 
 @pytest.fixture

@@ -52,7 +52,7 @@ def test_cli_and_api_share_the_options():
 
     from optimum.commands.export.openvino import parse_args_openvino
 
-    from optimum_shared_graph import _cli
+    from optimum_shared_graph import cli as _cli
 
     parser = argparse.ArgumentParser()
     parse_args_openvino(parser)

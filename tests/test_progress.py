@@ -44,7 +44,7 @@ def test_quiet_flag_sets_the_option():
 
     from optimum.commands.export.openvino import parse_args_openvino
 
-    from optimum_shared_graph import _cli
+    from optimum_shared_graph import cli as _cli
 
     parser = argparse.ArgumentParser()
     parse_args_openvino(parser)

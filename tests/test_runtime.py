@@ -13,8 +13,8 @@ from conftest import EXACT, PROMPTS
 
 import optimum_shared_graph as osg
 from optimum_shared_graph import InvalidOptionsError, ManifestError, RuntimeSelectionError, read_manifest
-from optimum_shared_graph import _runtime
-from optimum_shared_graph._runtime_openvino import OpenVINOProvider
+from optimum_shared_graph.runtimes import registry as _runtime
+from optimum_shared_graph.runtimes.openvino import OpenVINOProvider
 
 NEW_TOKENS = 12
 

@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from conftest import EXACT, error_line, remote_code_llama, run_cli, tree_snapshot
+from conftest import EXACT, error_line, remote_code_llama, run_cli, tree_snapshot, unloadable_copy
 
 import optimum_shared_graph as osg
 from optimum_shared_graph import DecompositionError, InvalidOptionsError, RuntimeSelectionError, read_manifest
@@ -185,27 +185,23 @@ def test_small_capacity_validates_on_a_prompt_that_fits(tiny_model, tmp_path):
     assert v["status"] == "passed" and v["prompt_tokens"] + v["greedy_tokens"] <= 12 and v["decode_steps"] >= 3
 
 
-def test_ovmodelforcausallm_never_gives_wrong_output_on_static(static_artifact):
-    """optimum-intel's class does not run static graphs: it fails with a clear error pointing to runtime().
-
-    Checked in a fresh interpreter that never imports optimum_shared_graph: the guard comes from the
-    installed `optimum_shared_graph.pth` start-up hook.
-    """
+def test_runtimes_that_cannot_run_static_graphs_refuse_them_at_load(static_artifact):
+    """OVModelForCausalLM and OpenVINO GenAI do not run static graphs: the graph's own file name
+    (`openvino_static_model.xml`) keeps them from loading it, so they fail at load, never at generate()
+    and never with wrong output. Checked in a fresh interpreter that never imports optimum_shared_graph."""
     import subprocess
     import sys
 
     for stateful in (True, False):
         path = static_artifact(8, stateful)
-        code = (
-            "import sys; from optimum.intel import OVModelForCausalLM\n"
-            f"OVModelForCausalLM.from_pretrained({str(path)!r})\n"
-            "assert 'optimum_shared_graph._export' not in sys.modules"
-        )
-        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
-        assert proc.returncode != 0
-        last = proc.stderr.strip().splitlines()[-1]
-        assert "RuntimeSelectionError" in last and "is a static text-generation-shared artifact" in last, last
-        assert f"optimum_shared_graph.runtime({str(path)!r})" in last
+        assert (path / "openvino_static_model.xml").is_file() and not (path / "openvino_model.xml").exists()
+        for code, expected in (
+            ("from optimum.intel import OVModelForCausalLM\nOVModelForCausalLM.from_pretrained(PATH)", "openvino_model.xml"),
+            ("import openvino_genai\nopenvino_genai.LLMPipeline(PATH, 'CPU')", "Could not find a model"),
+        ):
+            program = code.replace("PATH", repr(str(path))) + "\nimport sys; assert 'optimum_shared_graph' not in sys.modules"
+            proc = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=300)
+            assert proc.returncode != 0 and expected in proc.stderr, proc.stderr[-2000:]
 
 
 def test_cli_static_defaults(tiny_model, tmp_path):
@@ -236,15 +232,10 @@ def test_cli_bad_static_options(flags, expected, tiny_model, tmp_path):
     assert tree_snapshot(out) == before
 
 
-def test_static_options_checked_before_any_export_work(tiny_model, tmp_path, monkeypatch):
-    import optimum_shared_graph._export as export_module
-
-    def no_model(*args, **kwargs):
-        raise AssertionError("the model was loaded before the static options were checked")
-
-    monkeypatch.setattr(export_module, "_load_model", no_model)
+def test_static_options_checked_before_any_export_work(tiny_model, tmp_path):
+    model = unloadable_copy(tiny_model("llama"), tmp_path / "unloadable")  # loading it would fail otherwise
     with pytest.raises(InvalidOptionsError, match="maximum of 512 positions"):
-        osg.export(str(tiny_model("llama")), tmp_path / "x", shape_mode="static", max_cache_len=1000)
+        osg.export(str(model), tmp_path / "x", shape_mode="static", max_cache_len=1000)
     assert not (tmp_path / "x").exists()
 
 

@@ -13,7 +13,7 @@ import shutil
 import numpy as np
 import pytest
 
-from conftest import HELD_OUT, EXACT, error_line, run_cli, tree_snapshot
+from conftest import HELD_OUT, EXACT, error_line, run_cli, tree_snapshot, unloadable_copy
 
 import optimum_shared_graph as osg
 from optimum_shared_graph import InvalidOptionsError, read_manifest
@@ -146,8 +146,10 @@ def test_samples_are_the_calls_static_session_makes(quantizable_model):
     import torch
     from transformers import AutoModelForCausalLM
 
-    from optimum_shared_graph._calibration import StaticCalibrationSamples
-    from optimum_shared_graph._static import StaticSession, StaticShapes, export_static_graph
+    from optimum_shared_graph.quantization.static import StaticCalibrationSamples
+    from optimum_shared_graph.graph.static import StaticShapes
+    from optimum_shared_graph.pipeline.static import export_static_graph
+    from optimum_shared_graph.runtimes.static_session import StaticSession
 
     capacity, C, steps = 16, 4, 3
     pt = AutoModelForCausalLM.from_pretrained(quantizable_model, torch_dtype=torch.float32).eval()
@@ -194,28 +196,21 @@ def test_samples_are_the_calls_static_session_makes(quantizable_model):
 # ------------------------------------------------------------------------------ invalid combinations
 
 
-def test_decode_steps_filling_the_capacity_are_refused_before_any_export_work(quantizable_model, tmp_path, monkeypatch):
-    import optimum_shared_graph._export as export_module
-
-    def no_model(*args, **kwargs):
-        raise AssertionError("the model was loaded before the quantization options were checked")
-
-    monkeypatch.setattr(export_module, "_load_model", no_model)
+def test_decode_steps_filling_the_capacity_are_refused_before_any_export_work(quantizable_model, tmp_path):
+    model = unloadable_copy(quantizable_model, tmp_path / "unloadable")  # loading it would fail otherwise
     with pytest.raises(InvalidOptionsError, match=r"--calibration-decode-steps 16 leaves no room .* use "
                                                   r"--calibration-decode-steps 15 or less, or raise --max-cache-len"):
-        osg.export(str(quantizable_model), tmp_path / "x", shape_mode="static", max_cache_len=16,
+        osg.export(str(model), tmp_path / "x", shape_mode="static", max_cache_len=16,
                    quantization_config=_api_config("int8"), calibration_decode_steps=16)
     assert not (tmp_path / "x").exists()
 
 
-def test_data_free_quantization_config_is_refused_before_any_export_work(quantizable_model, tmp_path, monkeypatch):
+def test_data_free_quantization_config_is_refused_before_any_export_work(quantizable_model, tmp_path):
     from optimum.intel.openvino.configuration import OVWeightQuantizationConfig
 
-    import optimum_shared_graph._export as export_module
-
-    monkeypatch.setattr(export_module, "_load_model", lambda *a, **k: pytest.fail("model loaded before the check"))
+    model = unloadable_copy(quantizable_model, tmp_path / "unloadable")  # loading it would fail otherwise
     with pytest.raises(InvalidOptionsError, match="without calibration data is not applied to static graphs"):
-        osg.export(str(quantizable_model), tmp_path / "x", shape_mode="static", max_cache_len=16,
+        osg.export(str(model), tmp_path / "x", shape_mode="static", max_cache_len=16,
                    quantization_config=OVWeightQuantizationConfig(bits=4, group_size=64))
     assert not (tmp_path / "x").exists()
 

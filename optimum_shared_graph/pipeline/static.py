@@ -1,4 +1,4 @@
-"""Static-shape export (SPEC section 5) and the session that drives a static graph.
+"""Stage 4, static trace (`--shape-mode static`): the static graph that replaces optimum-intel's dynamic one.
 
 The static graph is traced from the PyTorch model with transformers' static-cache semantics: each
 layer's KV cache is a fixed `[batch, kv_heads, capacity, head_dim]` buffer and a call writes its C
@@ -30,22 +30,14 @@ from typing import Iterator
 
 import numpy as np
 
-from ._errors import InvalidOptionsError, ModelNotSupportedError, RuntimeSelectionError
-from ._options import DEFAULT_MAX_CACHE_CAP, ExportOptions
+from ..errors import InvalidOptionsError, ModelNotSupportedError
+from ..graph.logits import slice_logits
+from ..graph.static import StaticShapes, make_static_stateful, shapes_of
+from ..manifest import GRAPH_BIN, GRAPH_XML, STATIC_GRAPH_XML
+from ..options import DEFAULT_MAX_CACHE_CAP, ExportOptions
+from .decompose import capture_generation
 
 _MAX_POSITION_ATTRS = ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length", "n_ctx")
-
-
-@dataclass(frozen=True)
-class StaticShapes:
-    """The fixed shapes of a static graph (what the manifest's `static` records)."""
-
-    batch_size: int
-    query_len: int
-    cache_len: int
-
-    def to_dict(self) -> dict[str, int]:
-        return asdict(self)
 
 
 def max_positions(config) -> int | None:
@@ -78,11 +70,7 @@ def resolve_static_shapes(config, opts: ExportOptions) -> StaticShapes:
             f"--static-query-len ({opts.static_query_len}) cannot exceed the KV capacity ({capacity}): "
             "lower the query length or raise --max-cache-len"
         )
-    shapes = StaticShapes(batch_size=opts.static_batch_size, query_len=opts.static_query_len, cache_len=capacity)
-    from ._calibration import expect_static_quantization
-
-    expect_static_quantization(shapes, opts)  # the quantization combinations, checked here too
-    return shapes
+    return StaticShapes(batch_size=opts.static_batch_size, query_len=opts.static_query_len, cache_len=capacity)
 
 
 # --------------------------------------------------------------------------------------------- export
@@ -163,21 +151,6 @@ def export_static_graph(pt_model, shapes: StaticShapes, *, logits: str, stateful
             "use --shape-mode dynamic for this model"
         )
     return ov_model
-
-
-def make_static_stateful(ov_model) -> None:
-    """Hide a stateless static graph's KV buffers as internal state, in place, with optimum-intel's
-    `fuse_cache_reorder` (adds `beam_idx`) and `make_stateful`: what `export_static_graph(stateful=True)`
-    does, also applied after quantizing the stateless graph."""
-    from optimum.exporters.openvino.stateful import fuse_cache_reorder, make_stateful
-
-    kv_in = [p.get_any_name() for p in ov_model.inputs if p.get_any_name().startswith("past_key_values")]
-    kv_out = [p.get_any_name() for p in ov_model.outputs if p.get_any_name().startswith("present")]
-    # cache_position has no batch axis: keep it out of the list whose axis 0 make_stateful sets to B.
-    not_kv = [p for p in ov_model.inputs if p.get_any_name() not in kv_in and p.get_any_name() != "cache_position"]
-    batch = ov_model.input("input_ids").get_partial_shape()[0].get_length()
-    fuse_cache_reorder(ov_model, not_kv, kv_in, 0)
-    make_stateful(ov_model, not_kv, kv_in, kv_out, 0, batch)
 
 
 @contextlib.contextmanager
@@ -352,16 +325,6 @@ def _slice_logits_to_last_attended(model) -> None:
     """
     from openvino import opset13 as ops
 
-    from ._transforms import find_logits_projection
-
-    matmul, idx = find_logits_projection(model)
-    port = matmul.input(idx)
-    source = port.get_source_output()
-    shape = source.get_partial_shape()
-    if shape.rank.is_dynamic or shape.rank.get_length() != 3:
-        raise ModelNotSupportedError(
-            f"the vocabulary projection input has shape {shape}, expected [batch, C, hidden]; export with --logits all"
-        )
     C = model.input("cache_position").get_partial_shape()[0].get_length()
     mask = ops.convert(model.input("attention_mask"), "i64")
     in_window = ops.gather(mask, model.input("cache_position"), ops.constant(np.array(1, dtype=np.int64)))  # [B, C]
@@ -369,17 +332,7 @@ def _slice_logits_to_last_attended(model) -> None:
     last = ops.reduce_max(rank, ops.constant(np.array([0, 1], dtype=np.int64)), keep_dims=False)  # scalar, 1-based
     index = ops.maximum(ops.subtract(last, ops.constant(np.array(1, dtype=np.int64))), ops.constant(np.array(0, dtype=np.int64)))
     index = ops.reshape(index, ops.constant(np.array([1], dtype=np.int64)), special_zero=False)
-    sliced = ops.gather(source, index, ops.constant(np.array(1, dtype=np.int64)))
-    sliced.set_friendly_name("shared_graph/last_attended_slot")
-    port.replace_source_output(sliced.output(0))
-    model.validate_nodes_and_infer_types()
-
-
-def shapes_of(ov_model) -> StaticShapes:
-    """Read batch, query length and capacity back from a static graph's inputs."""
-    ids = ov_model.input("input_ids").get_partial_shape()
-    mask = ov_model.input("attention_mask").get_partial_shape()
-    return StaticShapes(batch_size=ids[0].get_length(), query_len=ids[1].get_length(), cache_len=mask[1].get_length())
+    slice_logits(model, index, name="shared_graph/last_attended_slot")
 
 
 @contextlib.contextmanager
@@ -418,7 +371,7 @@ def without_dynamic_graph() -> Iterator[None]:
 
 
 def write_static_graph(
-    pt_model, raw: Path, shapes: StaticShapes, opts: ExportOptions, *, capture=None, reason=None,
+    pt_model, raw: Path, shapes: StaticShapes, opts: ExportOptions, *, capture=None, plan=None,
     weight_format: str | None = None,
 ):
     """Replace the graph optimum-intel wrote in `raw` with the static graph; return the capture to validate on.
@@ -428,26 +381,19 @@ def write_static_graph(
     formats are applied with NNCF's data-free weight compression. A data-aware quantization config
     (which the `_main_quantize` hook of `both_stage_quantization` kept for this export instead of
     quantizing optimum-intel's dynamic graph) is calibrated on the calls a static runtime makes, on
-    the stateless static graph, then the graph is made stateful if asked (`_calibration.
+    the stateless static graph, then the graph is made stateful if asked (`quantization.static.
     quantize_static_graph`). When the captured prompt and its greedy tokens do not fit the capacity,
     `generate()` is captured again on a prompt that fits.
 
-    Raises:
-        DecompositionError: the decomposition failed (`reason`): a static graph needs the shared one.
+    The graph is written as `openvino_static_model.xml` (not optimum-intel's `openvino_model.xml`), so
+    runtimes that cannot run a static graph (OVModelForCausalLM, OpenVINO GenAI) do not pick it up.
     """
     import openvino as ov
 
-    from ._errors import DecompositionError
-    from ._manifest import GRAPH_BIN, GRAPH_XML
-
-    if reason is not None:
-        raise DecompositionError(
-            f"{reason}; --shape-mode static needs the one shared graph, so it has no fallback: use --shape-mode dynamic"
-        )
-    from ._calibration import pending_static_quantization, quantize_static_graph
+    from ..quantization.static import quantize_static_graph
 
     target = capture.exported if capture is not None and capture.exported is not None else pt_model
-    pending = pending_static_quantization()
+    pending = plan
     calibrate = pending is not None and pending.config is not None
     core = ov.Core()
     reference = core.read_model(raw / GRAPH_XML)
@@ -467,7 +413,7 @@ def write_static_graph(
         ov_model = _compress_weights(ov_model, pending.weight_config)
     (raw / GRAPH_XML).unlink()
     (raw / GRAPH_BIN).unlink(missing_ok=True)
-    ov.save_model(ov_model, raw / GRAPH_XML, compress_to_fp16=(fmt == "fp16"))
+    ov.save_model(ov_model, raw / STATIC_GRAPH_XML, compress_to_fp16=(fmt == "fp16"))
     return _capture_that_fits(pt_model, capture, shapes, opts)
 
 
@@ -475,8 +421,6 @@ def _capture_that_fits(pt_model, capture, shapes: StaticShapes, opts: ExportOpti
     if capture is None or capture.prompt_ids.shape[1] + capture.tokens.shape[1] <= shapes.cache_len:
         return capture
     import torch
-
-    from ._decompose import capture_generation
 
     new_tokens = min(opts.validation_new_tokens, shapes.cache_len - 1)
     if new_tokens < 4:
@@ -502,149 +446,3 @@ def _compress_weights(ov_model, config):
     return _weight_only_quantization(ov_model, config, verify_not_optimized=False)
 
 
-# -------------------------------------------------------------------------------------------- session
-
-
-def _layer_order(name: str):
-    _, layer, kind = name.split(".", 2)
-    return int(layer), kind
-
-
-class StaticSession:
-    """Feeds a compiled static graph: C slots per call, a fixed-capacity cache, one sequence batch.
-
-    It has the `reset()` / `step()` interface of `GraphSession`, so export-time validation makes the
-    very calls the runtime makes.
-
-    Args:
-        compiled: the `openvino.CompiledModel` of a static graph.
-        pad_token_id: the token fed in masked slots.
-        request: an infer request of `compiled` to use (a new one if None).
-    """
-
-    def __init__(self, compiled, pad_token_id: int = 0, *, request=None):
-        self.compiled = compiled
-        self.request = request if request is not None else compiled.create_infer_request()
-        self.inputs = {name: p for p in compiled.inputs for name in p.get_names()}
-        self.past_names = sorted((n for n in self.inputs if n.startswith("past_key_values.")), key=_layer_order)
-        self.present_names = [n.replace("past_key_values", "present", 1) for n in self.past_names]
-        self.stateful = not self.past_names
-        ids_shape = self.inputs["input_ids"].get_shape()
-        self.batch_size, self.query_len = int(ids_shape[0]), int(ids_shape[1])
-        self.capacity = int(self.inputs["attention_mask"].get_shape()[1])
-        self.logits_all = int(compiled.output("logits").get_shape()[1]) == self.query_len and self.query_len > 1
-        self.pad_token_id = int(pad_token_id)
-        self.reset()
-
-    @property
-    def cache_length(self) -> int:
-        """Slots written so far (the sequence length, padding included)."""
-        return self.filled
-
-    def reset(self) -> None:
-        """Forget the cache: the next call starts a new sequence."""
-        if self.stateful:
-            self.request.reset_state()
-        B, cap = self.batch_size, self.capacity
-        self.tokens = np.full((B, cap), self.pad_token_id, dtype=np.int64)
-        self.mask = np.zeros((B, cap), dtype=np.int64)
-        self.filled = 0
-        self._rows = B
-        self._beam_idx: np.ndarray | None = None
-        self._past = {
-            name: np.zeros(tuple(self.inputs[name].get_shape()), dtype=self.inputs[name].get_element_type().to_dtype())
-            for name in self.past_names
-        }
-
-    def check_fits(self, batch: int, total_tokens: int) -> None:
-        """Refuse, before any inference, a request the static shapes cannot hold."""
-        if batch > self.batch_size:
-            raise RuntimeSelectionError(
-                f"batch of {batch} sequences does not fit this static artifact (batch size {self.batch_size}): "
-                f"generate at most {self.batch_size} at once, or re-export with --static-batch-size {batch}"
-            )
-        if total_tokens > self.capacity:
-            raise RuntimeSelectionError(
-                f"prompt plus new tokens ({total_tokens}) exceed this static artifact's KV capacity of {self.capacity}: "
-                f"shorten the prompt or max_new_tokens, or re-export with --max-cache-len {total_tokens} or more"
-            )
-
-    def crop(self, length: int) -> None:
-        """Keep only the first `length` slots (assisted decoding drops rejected candidates)."""
-        length = max(0, min(int(length), self.filled))
-        self.tokens[:, length:] = self.pad_token_id
-        self.mask[:, length:] = 0
-        self.filled = length
-
-    def reorder(self, beam_idx) -> None:
-        """Reorder the batch rows (beam search), applied to the cache at the next call."""
-        beam_idx = np.asarray(beam_idx, dtype=np.int64)
-        full = np.arange(self.batch_size, dtype=np.int64)
-        full[: beam_idx.shape[0]] = beam_idx
-        self.tokens, self.mask = self.tokens[full], self.mask[full]
-        if self.stateful:
-            self._beam_idx = full if self._beam_idx is None else self._beam_idx[full]
-        else:
-            self._past = {k: np.ascontiguousarray(v[full]) for k, v in self._past.items()}
-
-    def step(self, input_ids: np.ndarray, attention_mask: np.ndarray | None = None) -> np.ndarray:
-        """Write `n` new tokens to the cache, C per call, and return their logits.
-
-        Args:
-            input_ids: `[batch, n]` new token ids (batch at most the static batch size).
-            attention_mask: `[batch, n]` mask of the new tokens (ones if None).
-
-        Returns:
-            `[batch, 1, vocab]` (logits of the last new token) for `logits=last` graphs,
-            `[batch, n, vocab]` for `logits=all` graphs.
-        """
-        input_ids = np.asarray(input_ids, dtype=np.int64)
-        rows, n = input_ids.shape
-        mask = np.ones_like(input_ids) if attention_mask is None else np.asarray(attention_mask, dtype=np.int64)
-        self.check_fits(rows, self.filled + n)
-        if self.filled == 0:
-            self._rows = rows
-        elif rows != self._rows:
-            raise RuntimeSelectionError(f"batch changed from {self._rows} to {rows} rows mid-sequence: call reset() first")
-        if rows < self.batch_size:  # unused rows repeat row 0 (real content: no fully masked row)
-            extra = self.batch_size - rows
-            input_ids = np.concatenate([input_ids, np.repeat(input_ids[:1], extra, axis=0)])
-            mask = np.concatenate([mask, np.repeat(mask[:1], extra, axis=0)])
-        start, end = self.filled, self.filled + n
-        C, cap = self.query_len, self.capacity
-        outputs = []
-        s = start
-        while s < end:
-            e = min(s + C, end)
-            w = min(s, cap - C)
-            # Slots from e on are never written yet (or were cleared by crop): pad tokens, mask 0.
-            self.tokens[:, s:e] = input_ids[:, s - start : e - start]
-            self.mask[:, s:e] = mask[:, s - start : e - start]
-            positions = np.cumsum(self.mask[:, : w + C], axis=1) - 1
-            positions = np.where(self.mask[:, : w + C] == 0, 1, positions)[:, w:]
-            positions[:, e - w :] = positions[:, e - w - 1 : e - w] + 1  # masked slots: any valid position
-            feed = {"input_ids": np.ascontiguousarray(self.tokens[:, w : w + C]), "attention_mask": self.mask,
-                    "cache_position": np.arange(w, w + C, dtype=np.int64)}
-            if "position_ids" in self.inputs:
-                feed["position_ids"] = np.ascontiguousarray(positions)
-            if "beam_idx" in self.inputs:
-                beam = self._beam_idx if self._beam_idx is not None else np.arange(self.batch_size)
-                feed["beam_idx"] = beam.astype(np.int32)
-                self._beam_idx = None
-            if not self.stateful:
-                feed.update(self._past)
-            self.request.infer(feed)
-            logits = self.request.get_tensor("logits").data
-            if not self.stateful:
-                self._past = {
-                    past: self.request.get_tensor(present).data.copy()
-                    for past, present in zip(self.past_names, self.present_names)
-                }
-            if self.logits_all:
-                outputs.append(logits[:, s - w : e - w].copy())
-            else:
-                outputs = [logits.copy()]
-            s = e
-        self.filled = end
-        out = np.concatenate(outputs, axis=1) if len(outputs) > 1 else outputs[0]
-        return out[:rows]

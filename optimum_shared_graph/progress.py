@@ -13,7 +13,7 @@ import contextvars
 import sys
 from typing import Any, Iterable, Iterator
 
-from ._registration import TASK
+from .tasks import TASK
 
 _STAGE_FORMAT = "{l_bar}{bar}| {n_fmt}/{total_fmt} [{elapsed}{postfix}]"
 

@@ -22,8 +22,9 @@ from typing import Any
 
 import numpy as np
 
-from ._errors import InvalidOptionsError, RuntimeSelectionError
-from ._manifest import GRAPH_XML, Manifest
+from ..errors import InvalidOptionsError, RuntimeSelectionError
+from ..manifest import GRAPH_XML, Manifest
+from .static_session import StaticSession
 
 
 class OpenVINOProvider:
@@ -58,7 +59,8 @@ class OpenVINOProvider:
             generation_config = GenerationConfig.from_model_config(config)
         if getattr(generation_config, "cache_implementation", None) is not None:
             generation_config.cache_implementation = None
-        model = ov.Core().read_model(path / GRAPH_XML)
+        graph = (manifest.graph or {}).get("files", [GRAPH_XML])[0]
+        model = ov.Core().read_model(path / graph)
         cls = _model_class(config, manifest)
         return cls(
             model=model, config=config, device=device, ov_config=ov_config or {}, model_save_dir=path,
@@ -114,8 +116,6 @@ class _SharedGraphMixin:
         fresh = self.request is None
         super().compile()
         if self.is_static and (fresh or self._static_session is None):
-            from ._static import StaticSession
-
             generation_config = getattr(self, "generation_config", None)
             pad = generation_config.pad_token_id if generation_config is not None else None
             if isinstance(pad, list):

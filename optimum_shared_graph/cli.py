@@ -1,14 +1,17 @@
-"""The `optimum-cli export openvino` flags of the `text-generation-shared` task, and its run."""
+"""`optimum-cli export openvino --task text-generation-shared`: the flags, the run, and `register()`,
+which patches optimum-intel's `export openvino` command (the optimum-cli hook calls it)."""
 
 from __future__ import annotations
 
 import os
 import sys
+import threading
 from pathlib import Path
 
-from ._errors import SharedGraphError
-from ._options import FALLBACK_MODES, LOGITS_MODES, SHAPE_MODES, ExportOptions
-from ._registration import BASE_TASK, TASK
+from .errors import SharedGraphError
+from .options import FALLBACK_MODES, LOGITS_MODES, SHAPE_MODES, ExportOptions
+from .registration import register_tasks_on_import
+from .tasks import BASE_TASK, TASK
 
 # flag -> ExportOptions field. Flags default to None so we can tell which ones were given.
 _FLAGS = {
@@ -74,14 +77,14 @@ def run(command, original_run) -> None:
             _fail(f"{', '.join(given)} only applies with --task {TASK}")
         return original_run(command)
 
-    from ._export import run_export
+    from .pipeline import export as pipeline
 
     def raw_export(model_path: str, output: Path, task: str = BASE_TASK) -> None:
         # optimum-intel's own command does the export and quantization, so every one of its flags
         # keeps its meaning; it sees the with-past task so the graph is stateful and the
         # quantization reload uses the cache (or image-text-to-text, for a VLM's fallback).
         # a local --dataset text file reaches optimum-intel as its list of lines
-        from ._calibration import resolve_dataset
+        from .quantization.calibration import resolve_dataset
 
         saved = (args.model, args.output, args.task, args.dataset)
         args.model, args.output, args.task = model_path, output, task
@@ -93,14 +96,14 @@ def run(command, original_run) -> None:
 
     def quantization_config():
         # optimum-intel's command builds the config from its flags and is stopped before it exports
-        from ._calibration import quantization_config_of
+        from .quantization.both_stages import quantization_config_of
 
         return quantization_config_of(lambda: raw_export(args.model, Path(args.output)))
 
     try:
         options = options_from_args(args)
         quant = {"weight_format": args.weight_format, "quant_mode": args.quant_mode, "dataset": args.dataset}
-        manifest = run_export(args.model, args.output, options, raw_export=raw_export, quantization=quant,
+        manifest = pipeline.run_export(args.model, args.output, options, raw_export=raw_export, quantization=quant,
                               quantization_config=quantization_config)
     except SharedGraphError as err:
         if os.environ.get("OPTIMUM_SHARED_GRAPH_DEBUG"):
@@ -112,3 +115,45 @@ def run(command, original_run) -> None:
 def _fail(message: str) -> None:
     print(f"error: {message}", file=sys.stderr)
     raise SystemExit(2)
+
+
+_lock = threading.Lock()
+
+
+def register() -> None:
+    """Make `--task text-generation-shared` and its flags available in Optimum. Idempotent.
+
+    Patches optimum-intel's `export openvino` command (already imported by optimum-intel's own
+    optimum-cli hook) and registers the task in `TasksManager` as soon as optimum-intel's OpenVINO
+    exporter is imported, so `optimum-cli --help` does not pay for importing torch.
+
+    Example:
+        >>> import optimum_shared_graph
+        >>> optimum_shared_graph.register()
+        >>> optimum_shared_graph.register()  # a second call changes nothing
+    """
+    with _lock:
+        _patch_export_command()
+        register_tasks_on_import()
+
+
+def _patch_export_command() -> None:
+    try:
+        from optimum.commands.export import openvino as cli_module
+    except ImportError:  # optimum-intel not installed: nothing to patch
+        return
+    command = cli_module.OVExportCommand
+    if getattr(command, "_shared_graph_original", None) is not None:
+        return
+    original_parse, original_run = command.parse_args, command.run
+
+    def parse_args(parser):
+        original_parse(parser)
+        add_arguments(parser)
+
+    def patched_run(self):
+        return run(self, original_run)
+
+    command._shared_graph_original = (original_parse, original_run)
+    command.parse_args = staticmethod(parse_args)
+    command.run = patched_run

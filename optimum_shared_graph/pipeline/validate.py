@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._decompose import Capture
-from ._errors import ExportValidationError
-from ._progress import bar
-from ._session import EXACT_CONFIG, GraphSession
+from .decompose import Capture
+from ..errors import ExportValidationError
+from ..progress import bar
+from ..runtimes.session import EXACT_CONFIG, GraphSession
 
 # Largest allowed |logits difference| relative to max(1, max |PyTorch logit|). fp32 graphs differ
 # from eager PyTorch only by kernel rounding; fp16 weights add their own rounding. Quantized weights

@@ -6,7 +6,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from ._errors import InvalidOptionsError
+from .errors import InvalidOptionsError
 
 SHAPE_MODES = ("dynamic", "static")
 LOGITS_MODES = ("last", "all")

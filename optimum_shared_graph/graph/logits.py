@@ -1,10 +1,10 @@
-"""Graph transforms applied to optimum-intel's decoder graph."""
+"""The logits slice: the vocabulary projection computed for one position only (`--logits last`)."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from ._errors import ModelNotSupportedError
+from ..errors import ModelNotSupportedError
 
 # Ops that may sit between the vocabulary projection and the `logits` output and act on each
 # position independently (casts, soft-capping, scaling, bias), so slicing before them is exact.
@@ -51,27 +51,33 @@ def find_logits_projection(model):
     )
 
 
-def slice_logits_to_last_position(model) -> None:
-    """Compute logits for the last position only: gather the last position before the vocabulary projection.
+def slice_logits(model, index=None, *, name: str = "shared_graph/last_position") -> None:
+    """Compute logits for one position only: gather it before the vocabulary projection, in place.
 
-    The graph keeps every input; `logits` becomes `[batch, 1, vocab]` for any prompt length. Slicing
-    before the projection (not after) is what saves the `seq x hidden x vocab` multiply and the
-    `seq x vocab` output buffer. Left padding keeps the last real token at the last position, so
-    batches are handled too.
+    Slicing before the projection (not after) is what saves the `seq x hidden x vocab` multiply and
+    the `seq x vocab` output buffer. `logits` becomes `[batch, 1, vocab]`.
+
+    Args:
+        model: the `openvino.Model` whose `logits` output to slice.
+        index: a one-element i64 graph value, the position on the sequence axis to keep; None keeps
+            the last position (left padding keeps the last real token there, so batches are handled).
+            A static graph passes the last slot its attention mask marks as real.
+        name: the friendly name of the gather node.
     """
     from openvino import opset13 as ops
 
     matmul, idx = find_logits_projection(model)
     port = matmul.input(idx)
     source = port.get_source_output()
-    rank = source.get_partial_shape().rank
-    if rank.is_dynamic or rank.get_length() != 3:
+    shape = source.get_partial_shape()
+    if shape.rank.is_dynamic or shape.rank.get_length() != 3:
         raise ModelNotSupportedError(
-            f"the vocabulary projection input has rank {rank}, expected 3 ([batch, seq, hidden]); "
+            f"the vocabulary projection input has shape {shape}, expected [batch, seq, hidden]; "
             "export with --logits all for this model"
         )
-    # Gather with index [-1] (not Slice) so the sequence axis becomes exactly 1, not the interval 0..1.
-    sliced = ops.gather(source, ops.constant(np.array([-1], dtype=np.int64)), ops.constant(np.array(1, dtype=np.int64)))
-    sliced.set_friendly_name("shared_graph/last_position")
+    if index is None:  # Gather with index [-1] (not Slice) so the sequence axis becomes exactly 1, not 0..1
+        index = ops.constant(np.array([-1], dtype=np.int64))
+    sliced = ops.gather(source, index, ops.constant(np.array(1, dtype=np.int64)))
+    sliced.set_friendly_name(name)
     port.replace_source_output(sliced.output(0))
     model.validate_nodes_and_infer_types()

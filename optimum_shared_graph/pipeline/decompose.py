@@ -22,8 +22,12 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ._errors import DecompositionError
-from ._progress import bar
+from ..errors import DecompositionError
+from ..options import ExportOptions
+from ..progress import bar
+from ..registration import supported_model_types
+from ..tasks import BASE_TASK
+from . import fallback
 
 # Inputs every generation step may take; anything else the prefill takes but decode steps do not
 # (pixel values, encoder states, ...) means the prefill writes modality inputs into the cache.
@@ -296,7 +300,7 @@ def save_exported_model(capture: Capture, source: str, directory: Path, *, trust
 
 
 def check_one_graph_serves_both(capture: Capture) -> None:
-    """Raise when the prefill takes inputs that decode steps never take (SPEC section 4, step 3)."""
+    """Raise when the prefill takes inputs that decode steps never take."""
     prefill_only = set(capture.prefill.extra_inputs)
     for call in capture.decode:
         prefill_only -= set(call.extra_inputs)
@@ -307,3 +311,74 @@ def check_one_graph_serves_both(capture: Capture) -> None:
             "(export with --task text-generation-with-past or image-text-to-text instead)",
             architecture=capture.architecture,
         )
+
+
+def sample_inputs(model: str, pt_model, opts: ExportOptions):
+    import torch
+
+    text = opts.validation_prompt or DEFAULT_PROMPT
+    vocab = pt_model.config.get_text_config().vocab_size
+    try:
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(model, trust_remote_code=opts.trust_remote_code)
+        ids = tokenizer(text, return_tensors="pt")["input_ids"][:, :48]
+    except Exception:  # no tokenizer shipped
+        ids = None
+    # transformers may build an empty tokenizer for a directory without tokenizer files; a prompt
+    # that is empty or out of the vocabulary cannot validate anything: use a fixed pseudo-random one.
+    if ids is None or ids.shape[1] < 2 or int(ids.max()) >= vocab:
+        generator = torch.Generator().manual_seed(0)
+        ids = torch.randint(3, vocab, (1, 24), generator=generator)
+    return ids, torch.ones_like(ids)
+
+
+def decompose_model(pt_model, model: str, opts: ExportOptions, config=None) -> tuple[Capture | None, str | None]:
+    """Capture prefill and decode calls; return (capture, None) or (None, fallback reason).
+
+    The calls are recorded on the top-level `forward()`, or on the inner causal LM that a wrapper's
+    `generate()` really drives (then `capture.module` names it and that model is exported). A
+    vision-language model (`pt_model` None) is not captured: its prefill takes image inputs that
+    decode steps never take, which is the reason returned.
+    """
+    if pt_model is None:
+        return None, fallback.vision_language_reason(config)
+    ids, mask = sample_inputs(model, pt_model, opts)
+
+    def exportable(inner) -> str | None:
+        model_type = getattr(inner.config, "model_type", None)
+        if model_type in supported_model_types():
+            return None
+        return f"is a {model_type} model, which optimum-intel does not export as {BASE_TASK}"
+
+    try:
+        capture = decompose(pt_model, ids, mask, opts.validation_new_tokens, exportable=exportable)
+        check_one_graph_serves_both(capture)
+    except DecompositionError as err:
+        if "needs a separate prefill graph" in str(err):
+            raise
+        return None, str(err)
+    return capture, None
+
+
+class _Released:
+    """Stands in for a released PyTorch model: its class name and config, none of its weights."""
+
+    def __init__(self, model):
+        self.config = model.config
+        self.architecture = type(model).__name__
+
+
+def release_pytorch(capture) -> None:
+    """Drop the capture's reference to the PyTorch model and collect it (the caller drops its own first).
+
+    A dynamic export validates against the captured calls (inputs and the logits PyTorch returned), so
+    the fp32 copy loaded for the decomposition is not needed while optimum-intel converts the model from
+    its own load: releasing it keeps the two loads from adding up (a model passed in by the caller stays
+    the caller's).
+    """
+    import gc
+
+    if capture is not None and capture.exported is not None:
+        capture.exported = _Released(capture.exported)
+    gc.collect()

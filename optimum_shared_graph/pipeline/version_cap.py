@@ -2,7 +2,7 @@
 
 Many of optimum-intel's per-architecture export configs carry a `MAX_TRANSFORMERS_VERSION`: the
 newest transformers its patchers were tested with. A newer transformers often still traces the
-same graph. This task validates every export against PyTorch (SPEC section 8), so for our task
+same graph. This task validates every export against PyTorch, so for our task
 only, and only when validation runs, the cap of that one export config class is lifted for the
 duration of the export; a graph that does not reproduce PyTorch is still refused.
 """
@@ -13,7 +13,7 @@ import contextlib
 from dataclasses import dataclass
 from typing import Iterator
 
-from ._errors import ModelNotSupportedError
+from ..errors import ModelNotSupportedError
 
 _UNSET = object()
 

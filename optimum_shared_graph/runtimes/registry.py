@@ -1,4 +1,4 @@
-"""`runtime()`: read and check an artifact, then hand it to a runtime provider that can run it (SPEC section 9).
+"""`runtime()`: read and check an artifact, then hand it to a runtime provider that can run it (see docs/runtime.md).
 
 Providers are found through the entry-point group `optimum_shared_graph.runtimes`. The package's
 own OpenVINO provider is registered there by its `pyproject.toml`, like any third-party one. An
@@ -20,8 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ._errors import RuntimeSelectionError
-from ._manifest import Manifest, read_manifest
+from ..errors import RuntimeSelectionError
+from ..manifest import Manifest, read_manifest
 
 GROUP = "optimum_shared_graph.runtimes"
 

@@ -9,12 +9,16 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from ._errors import ManifestError
+from .errors import ManifestError
+from .tasks import TASK
 
 MANIFEST_NAME = "shared_graph.json"
 SCHEMA_VERSION = 1
 GRAPH_XML = "openvino_model.xml"
 GRAPH_BIN = "openvino_model.bin"
+# A static graph has its own name, which optimum-intel and OpenVINO GenAI do not load (they cannot run it).
+STATIC_GRAPH_XML = "openvino_static_model.xml"
+STATIC_GRAPH_BIN = "openvino_static_model.bin"
 RT_INFO_KEY = "shared_graph"
 
 _VERSIONED = ("optimum-shared-graph", "optimum-intel", "optimum", "transformers", "torch", "openvino", "nncf")
@@ -128,6 +132,72 @@ class Manifest:
         if self.fallback_reason:
             head += f": {self.fallback_reason}"
         return f"{head}; {self.shape_mode}, logits={self.logits}, stateful={self.stateful}); validation: {check}"
+
+
+def build_manifest(
+    *,
+    partitioning: str,
+    config: Any,
+    source: str,
+    opts: Any,
+    decoder: Any,
+    files: list[str],
+    quantization: dict[str, Any] | None,
+    calibration: Any = None,
+    fallback_reason: str | None = None,
+    graph_task: str | None = None,
+    static: dict[str, int] | None = None,
+    model_extra: dict[str, Any] | None = None,
+) -> Manifest:
+    """The one place an artifact's manifest is made, for shared and fallback exports alike.
+
+    Args:
+        partitioning: `"shared"` (one graph) or `"fallback"` (optimum-intel's own partitioning).
+        config: the model's transformers config.
+        source: the model id or directory, as given.
+        opts: the `ExportOptions`.
+        decoder: the decoder `openvino.Model` as it will be written (its ports and states are described).
+        files: the graph files (`.xml`), the decoder first.
+        quantization: what the quantization flags asked for (`weight_format`, `quant_mode`, `dataset`).
+        calibration: the `CalibrationReport` of a data-aware quantization, if any.
+        fallback_reason: why decomposition failed (fallback only).
+        graph_task: optimum-intel's task when it is not with-past (a vision-language fallback).
+        static: the static shapes of a static graph.
+        model_extra: more facts about the model (the exported inner module, notes).
+    """
+    quantization = quantization or {}
+    stateful = not any(p.get_any_name().startswith("past_key_values") for p in decoder.inputs)
+    requires = ["generation"] + ([] if stateful else ["stateless"]) + (["logits-all"] if opts.logits == "all" else [])
+    requires += (["static"] if static else []) + ([graph_task] if graph_task else [])
+    samples = calibration.counts() if calibration is not None else {"prefill": 0, "decode": 0}
+    return Manifest(
+        task=TASK,
+        partitioning=partitioning,
+        fallback_reason=fallback_reason,
+        shape_mode="static" if static else "dynamic",
+        logits=opts.logits,
+        stateful=stateful,
+        requires=requires,
+        static=static,
+        model={"source": str(source), "model_type": config.model_type,
+               "architecture": (getattr(config, "architectures", None) or [None])[0], **(model_extra or {})},
+        graph={
+            **({"task": graph_task} if graph_task else {}),
+            "files": list(files),
+            **({"decoder": files[0]} if partitioning == "fallback" else {}),
+            "inputs": describe_ports(decoder.inputs),
+            "outputs": describe_ports(decoder.outputs),
+            "states": len(decoder.get_sinks()),
+        },
+        quantization={
+            "weight_format": quantization.get("weight_format") or opts.weight_format or "fp32",
+            "quant_mode": quantization.get("quant_mode"),
+            "dataset": quantization.get("dataset"),
+            "calibration_samples": samples,
+            **({"calibration_decode_steps": calibration.decode_steps, "calibration_graph": calibration.graph}
+               if calibration is not None and calibration.graph else {}),
+        },
+    )
 
 
 def hash_graph_files(directory: Path, names: list[str]) -> dict[str, str]:

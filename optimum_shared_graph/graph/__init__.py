@@ -1,0 +1,1 @@
+"""Transforms of OpenVINO graphs: the logits slice, and static graphs' shapes and state."""

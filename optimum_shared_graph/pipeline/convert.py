@@ -1,0 +1,167 @@
+"""Stage 3, convert: optimum-intel's own export into a staging directory beside the output.
+
+optimum-intel converts the model (the CLI runs its own command, so every flag keeps its meaning);
+the staging directory lives in the output's parent, on the same disk, so the finished artifact is moved
+into place by renames. A failure of that disk is one `ArtifactWriteError` line.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import shutil
+from pathlib import Path
+
+from ..errors import ArtifactWriteError, SharedGraphError
+
+
+# Below this many free bytes after a failed write, the disk is taken to be what failed it.
+_NEARLY_FULL = 64 * 2**20
+
+
+@contextlib.contextmanager
+def disk_errors_reported(where: Path):
+    """Turn a failure of the disk holding `where` into one `ArtifactWriteError` line.
+
+    OpenVINO's writer fails with `RuntimeError("basic_ios::clear: iostream error")`, Python's with
+    `OSError`; any other error, and any error while the disk is fine, goes through unchanged.
+    """
+    try:
+        yield
+    except (OSError, RuntimeError) as err:
+        problem = None if isinstance(err, SharedGraphError) else disk_problem(where, err)
+        if problem is None:
+            raise
+        raise write_error(where, err, problem) from err
+
+
+def _free_bytes(where: Path) -> int | None:
+    try:
+        return shutil.disk_usage(where).free
+    except OSError:
+        return None
+
+
+def disk_problem(where: Path, err: BaseException) -> str | None:
+    """"full" or "denied" when `err` (from any library) comes from the disk holding `where`, else None.
+
+    Checked before the staging directory is removed: a write that filled the disk leaves it nearly full.
+    """
+    code = getattr(err, "errno", None)
+    if code in (errno.ENOSPC, errno.EDQUOT):
+        return "full"
+    if code in (errno.EROFS, errno.EACCES, errno.EPERM):
+        return "denied"
+    free = _free_bytes(where)
+    return "full" if free is not None and free < _NEARLY_FULL else None
+
+
+def write_error(where: Path, err: BaseException, problem: str | None) -> ArtifactWriteError:
+    """One line for an artifact that cannot be written into `where` (`problem` from `_disk_problem`)."""
+    if problem == "full":
+        return ArtifactWriteError(
+            f"no space left on the disk holding {where} ({(_free_bytes(where) or 0) / 2**20:,.0f} MB free) while "
+            "writing the artifact: free some space or choose an output directory on another disk (nothing was written)"
+        )
+    reason = getattr(err, "strerror", None) or (str(err).strip().splitlines() or [type(err).__name__])[0]
+    return ArtifactWriteError(
+        f"cannot write the artifact into {where}: {reason}; choose an output directory you can write to "
+        "(nothing was written)"
+    )
+
+
+def no_dynamic_graph(static):
+    """A static export needs optimum-intel's configs, tokenizer and rt_info, not its dynamic graph.
+
+    Unless it calibrates: `quantize_static_graph` loads optimum-intel's (stateless) export as an
+    `OVModelForCausalLM` for its quantization entry point, which needs the dynamic graph.
+    """
+    if static is None or static.calibrating:
+        return contextlib.nullcontext()
+    from .static import without_dynamic_graph
+
+    return without_dynamic_graph()
+
+
+
+
+@contextlib.contextmanager
+def staging(output: Path):
+    """A staging directory beside `output` (same disk), removed afterwards whatever happens.
+
+    It is named `.OUT.<random>.partial` and holds an exclusive lock while the export lives. Staging
+    directories of `OUT` whose lock is free belong to exports that died (killed, out of memory) and
+    are removed first; a live export's is never touched.
+    """
+    import fcntl
+    import tempfile
+
+    try:
+        output.parent.mkdir(parents=True, exist_ok=True)
+        remove_dead_staging(output)
+        directory = Path(tempfile.mkdtemp(prefix=f".{output.name}.", suffix=".partial", dir=output.parent))
+        lock = open(directory / ".lock", "w")
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as err:
+        raise write_error(output.parent, err, disk_problem(output.parent, err)) from err
+    try:
+        with disk_errors_reported(output.parent):
+            yield directory
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+        lock.close()
+
+
+def remove_dead_staging(output: Path) -> list[Path]:
+    """Remove the staging directories of exports into `output` that are no longer running; return them."""
+    import fcntl
+
+    removed = []
+    for candidate in output.parent.glob(f".{output.name}.*.partial"):
+        if not candidate.is_dir():
+            continue
+        try:
+            with open(candidate / ".lock", "a") as lock:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)  # fails while the export that made it lives
+                shutil.rmtree(candidate, ignore_errors=True)
+                removed.append(candidate)
+        except OSError:
+            continue
+    return removed
+
+
+def convert(raw_export, source: str, raw: Path, *, task: str, model: str, config, capture, reason, opts, hooks,
+            static):
+    """Run optimum-intel's export of `source` into `raw`; return the transformers cap it lifted (or None).
+
+    `hooks` (the both-stage calibration) are active during the export; a static export without
+    calibration skips optimum-intel's dynamic graph, which the static one replaces. Any failure of
+    optimum-intel's is one `ModelNotSupportedError` line (a full disk: `ArtifactWriteError`).
+    """
+    from ..errors import ModelNotSupportedError
+    from ..tasks import BASE_TASK
+    from .version_cap import lifted_cap
+
+    exported_type = capture.exported.config.model_type if capture is not None and source != model else config.model_type
+    lifted = None
+    try:
+        if task == BASE_TASK:
+            # past optimum-intel's transformers cap only when validation will guard the graph
+            # (a fallback is not validated: no captured calls to check it against)
+            with lifted_cap(exported_type, BASE_TASK, validating=not opts.skip_validation and reason is None,
+                            fallback_reason=reason) as lifted:
+                with hooks, no_dynamic_graph(static):
+                    raw_export(source, raw)
+            if lifted is not None and capture is not None:
+                capture.notes.append(lifted.note)
+        else:  # optimum-intel's own partitioning for a vision-language model
+            raw_export(source, raw, task=task)
+    except SharedGraphError:
+        raise
+    except (Exception, SystemExit) as err:  # optimum-intel reports with ValueError, RuntimeError, ...
+        problem = disk_problem(raw.parent.parent, err)
+        if problem is not None:  # a full disk, not the model: say so
+            raise write_error(raw.parent.parent, err, problem) from err
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise ModelNotSupportedError(f"optimum-intel could not export {exported_type} as {task}: {first}") from err
+    return lifted

@@ -1,0 +1,158 @@
+"""Stages 5 and 6, validate and write: the graph checked against the captured calls, then the artifact
+(graph with the manifest in its rt_info, configs, tokenizer, `shared_graph.json`) moved into place."""
+
+from __future__ import annotations
+
+import functools
+import os
+import shutil
+from pathlib import Path
+
+from ..errors import SharedGraphError
+from ..tasks import VLM_TASK
+from ..graph.logits import slice_logits
+from ..graph.static import shapes_of
+from ..manifest import GRAPH_XML, RT_INFO_KEY, STATIC_GRAPH_XML, Manifest, build_manifest, hash_graph_files
+from ..runtimes.session import GraphSession
+from ..runtimes.static_session import StaticSession
+from .. import progress
+from . import fallback
+from .validate import validate_graph
+
+
+def finish(raw: Path, final: Path, config, capture, reason, opts, model, quantization, calibration=None) -> Manifest:
+    """Validate the graph in `raw` (stage 5) and write the artifact into `final` (stage 6); return its manifest."""
+    import openvino as ov
+
+    if reason is not None:
+        progress.stage("writing")
+        return finish_fallback(raw, final, config, reason, opts, model, quantization)
+    graph_xml = STATIC_GRAPH_XML if opts.is_static else GRAPH_XML
+    graphs = sorted(p.name for p in raw.glob("openvino_*model*.xml") if "tokenizer" not in p.name)
+    if graphs != [graph_xml]:
+        raise SharedGraphError(
+            f"optimum-intel wrote {len(graphs)} graphs ({', '.join(graphs)}) for {config.model_type}, not one "
+            "decoder graph: use --fallback auto for this model"
+        )
+    ov_model = ov.Core().read_model(raw / graph_xml)
+    if opts.logits == "last" and not opts.is_static:  # static graphs slice their own logits
+        slice_logits(ov_model)
+    notes = {"notes": list(capture.notes)} if capture is not None and capture.notes else {}
+    manifest = build_manifest(
+        partitioning="shared", config=config, source=model, opts=opts, decoder=ov_model, files=[graph_xml],
+        quantization=quantization, calibration=calibration,
+        static=shapes_of(ov_model).to_dict() if opts.is_static else None,
+        model_extra={**exported_module(capture), **notes},
+    )
+    if opts.skip_validation:
+        manifest.validation = {"status": "skipped", "reason": "--skip-validation"}
+    else:
+        progress.stage("validating")
+        exported_type = capture.exported.config.model_type if capture.module is not None else config.model_type
+        session = StaticSession if opts.is_static else functools.partial(GraphSession, model_type=exported_type)
+        weight_format = manifest.quantization["weight_format"] if not manifest.quantization["quant_mode"] else "int8"
+        manifest.validation = validate_graph(ov_model, capture, weight_format, session_class=session)
+    progress.stage("writing")
+    write_artifact(raw, final, {graph_xml: ov_model}, manifest)
+    return manifest
+
+
+def exported_module(capture) -> dict:
+    """What the manifest records when the shared graph is a wrapper's inner causal LM."""
+    if capture is None or capture.module is None:
+        return {}
+    inner = capture.exported
+    return {"exported_module": capture.module, "exported_model_type": inner.config.model_type,
+            "exported_architecture": getattr(inner, "architecture", type(inner).__name__)}
+
+
+def write_artifact(raw: Path, final: Path, graphs: dict, manifest: Manifest) -> None:
+    """Write the artifact into `final`: every file optimum-intel wrote into `raw`, the `graphs` (name ->
+    `openvino.Model`, or None to read it from `raw`) with the manifest under `shared_graph` in their
+    rt_info, the sha256 of every graph file, and `shared_graph.json`."""
+    import openvino as ov
+
+    graph_files = {n for name in graphs for n in (name, name[: -len(".xml")] + ".bin")}
+    final.mkdir()
+    for item in raw.iterdir():
+        if item.name not in graph_files:
+            shutil.move(str(item), final / item.name)
+    rt_info = manifest.rt_info()
+    core = ov.Core()
+    for name, graph in graphs.items():
+        graph = graph if graph is not None else core.read_model(raw / name)
+        for key, value in rt_info.items():
+            graph.set_rt_info(value, [RT_INFO_KEY, key])
+        ov.save_model(graph, final / name, compress_to_fp16=False)
+        del graph
+    graphs.clear()
+    manifest.files = hash_graph_files(final, sorted(n for n in graph_files if (final / n).is_file()))
+    manifest.write(final)
+
+
+def move_into_place(final: Path, output: Path) -> None:
+    """Put `final` at `output` by renames on the same filesystem; an old artifact there is replaced."""
+    if output.is_dir():
+        old = output.with_name(f".{output.name}.old-{os.getpid()}")
+        os.rename(output, old)
+        try:
+            os.rename(final, output)
+        except OSError:
+            os.rename(old, output)
+            raise
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.rename(final, output)
+
+
+def _model_graphs(directory: Path) -> list[str]:
+    return sorted(
+        p.name for p in directory.glob("openvino_*.xml")
+        if p.name not in ("openvino_tokenizer.xml", "openvino_detokenizer.xml")
+    )
+
+
+def finish_fallback(raw: Path, final: Path, config: Any, reason: str, opts: Any, model: str,
+                    quantization: dict[str, Any] | None) -> Manifest:
+    """Turn optimum-intel's own export in `raw` into the artifact in `final`, with its manifest.
+
+    Every graph optimum-intel wrote (one for with-past; the language model, text embeddings and
+    vision graphs for image-text-to-text) gets the manifest facts in its rt_info and its sha256 in
+    the manifest.
+
+    Args:
+        raw: optimum-intel's export directory.
+        final: the artifact directory to create.
+        config: the model's transformers config.
+        reason: why decomposition failed.
+        opts: the `ExportOptions`.
+        model: the model id or directory, as given.
+        quantization: what the manifest records of the quantization flags.
+
+    Returns:
+        The manifest, already written into `final`.
+    """
+    import openvino as ov
+
+    task = fallback.fallback_task(config)
+    graphs = _model_graphs(raw)
+    decoder = GRAPH_XML if GRAPH_XML in graphs else next((g for g in graphs if "language_model" in g), None)
+    if decoder is None:
+        raise SharedGraphError(
+            f"optimum-intel's {task} export of {config.model_type} wrote no decoder graph "
+            f"({', '.join(graphs) or 'no graphs'}): export it with --task {task} directly"
+        )
+    decoder_model = ov.Core().read_model(raw / decoder)
+    if opts.logits == "last":  # the same slice as the shared graph's: logits for the last position only
+        slice_logits(decoder_model)
+    files = [decoder] + [g for g in graphs if g != decoder]
+    manifest = build_manifest(
+        partitioning="fallback", config=config, source=model, opts=opts, decoder=decoder_model, files=files,
+        quantization=quantization, fallback_reason=reason, graph_task=task if task == VLM_TASK else None,
+    )
+    manifest.validation = {
+        "status": "skipped",
+        "reason": "fallback: optimum-intel's own partitioning, with no captured generate() calls to check it against",
+    }
+    write_artifact(raw, final, {g: (decoder_model if g == decoder else None) for g in files}, manifest)
+    return manifest

@@ -1,0 +1,257 @@
+"""What every calibration of this package shares: the dataset handling, the report the manifest records,
+and optimum-intel's quantization entry point with this package's activation range estimator.
+
+The two calibrations built on it: `both_stages` (the dynamic graph, on prefill and decode calls) and
+`static` (the static graph, on the calls a static runtime makes). docs/quantization.md explains both.
+"""
+
+import contextlib
+import gc
+import inspect
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator
+
+import numpy as np
+
+from ..errors import InvalidOptionsError, SharedGraphError
+from ..progress import bar
+
+# Decode calls gathered after each prefill (ExportOptions.calibration_decode_steps has the default).
+
+# NNCF's estimator of activation ranges in full quantization (`--quant-mode`): a name in
+# `nncf.quantization.range_estimator.RangeEstimatorParametersSet`, or None for NNCF's own default.
+# NNCF's default for per-tensor activations, MEAN_MINMAX (the mean over samples of each sample's min
+# and max), depends on how many tokens each sample holds: a 52-token prompt and a group of 4 decode
+# calls weigh the same, so adding decode samples narrows ranges that prompts reached (measured on the
+# SmolLM-135M shape: 83% of activation ranges narrower, down to 0.63x) and int8 error rises on both
+# stages. MINMAX takes the min and max over every calibrated token, whatever the batching into samples,
+# so decode calls can only extend a range, never shrink it. Applied whatever the decode step count, so
+# prefill-only calibration (`--calibration-decode-steps 0`) uses it too. See docs/quantization.md.
+ACTIVATION_RANGE_ESTIMATOR: str | None = "MINMAX"
+
+
+
+
+@dataclass
+class CalibrationReport:
+    """How many calibration samples came from each stage (what the manifest records)."""
+
+    prefill: int = 0
+    decode: int = 0
+    texts: int = 0
+    decode_steps: int = 0
+    graph: str | None = None  # "stateless" when samples carried their cache explicitly
+
+    def counts(self) -> dict[str, int]:
+        return {"prefill": self.prefill, "decode": self.decode}
+
+    def record(self, samples, decode_steps: int) -> None:
+        """Fill in what a calibration set (`BothStageSamples`, `StaticCalibrationSamples`) holds."""
+        self.prefill, self.decode = samples.prefill_count, samples.decode_count
+        self.texts, self.decode_steps, self.graph = samples.texts, decode_steps, "stateless"
+
+
+def read_text_file(path: str | os.PathLike) -> list[str]:
+    """The non-empty lines of a local text file: one calibration text each.
+
+    Raises:
+        InvalidOptionsError: the file cannot be read as UTF-8 or has no non-empty line.
+    """
+    try:
+        lines = Path(path).read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as err:
+        raise InvalidOptionsError(f"cannot read --dataset file {path} ({err}): pass a UTF-8 text file, one sample per line") from err
+    texts = [line for line in lines if line.strip()]
+    if not texts:
+        raise InvalidOptionsError(f"--dataset file {path} has no non-empty line: write one calibration text per line")
+    return texts
+
+
+def resolve_dataset(dataset: Any) -> Any:
+    """A `--dataset` value for optimum-intel: a local text file becomes its list of lines.
+
+    Dataset names (`wikitext2`, `c4`, `auto`, `wikitext2:seq_len=64`, ...) and lists pass unchanged.
+    """
+    if isinstance(dataset, (str, os.PathLike)) and os.path.isfile(dataset):
+        return read_text_file(dataset)
+    return dataset
+
+
+def resolve_config_dataset(quantization_config: Any) -> Any:
+    """A quantization config dict whose `dataset` may be a local text file, with that file read."""
+    if isinstance(quantization_config, dict) and "dataset" in quantization_config:
+        return {**quantization_config, "dataset": resolve_dataset(quantization_config["dataset"])}
+    return quantization_config
+
+
+def is_data_aware(quantization_config: Any) -> bool:
+    """Whether optimum-intel feeds calibration data to NNCF for this config.
+
+    Full and mixed quantization (`--quant-mode`) always do. Weight compression does when a dataset
+    is given and a data-aware algorithm runs (AWQ, scale estimation, GPTQ, LoRA correction, or a
+    data-aware mixed-precision metric); 8-bit weight compression never uses data.
+    """
+    from optimum.intel.openvino.configuration import (
+        OVMixedQuantizationConfig,
+        OVPipelineQuantizationConfig,
+        OVQuantizationConfig,
+        OVQuantizationMethod,
+        OVWeightQuantizationConfig,
+        _quantization_config_from_dict,
+    )
+
+    config = quantization_config
+    if config is None:
+        return False
+    if isinstance(config, dict):
+        config = _quantization_config_from_dict(config)
+    if isinstance(config, OVPipelineQuantizationConfig):
+        return any(is_data_aware(c) for c in config.quantization_configs.values())
+    if isinstance(config, (OVQuantizationConfig, OVMixedQuantizationConfig)):
+        return True
+    if isinstance(config, OVWeightQuantizationConfig):
+        if config.dataset is None or config.bits == 8:
+            return False
+        import nncf
+
+        return bool(
+            config.quant_method == OVQuantizationMethod.AWQ
+            or config.scale_estimation
+            or config.gptq
+            or config.lora_correction
+            or (config.ratio < 1.0 and config.sensitivity_metric != nncf.SensitivityMetric.WEIGHT_QUANTIZATION_ERROR)
+        )
+    return False
+
+
+def _as_numpy(value):
+    if value is None:
+        return None
+    if hasattr(value, "detach"):
+        value = value.detach().cpu().numpy()
+    return np.asarray(value, dtype=np.int64).reshape(1, -1) if np.ndim(value) == 1 else np.asarray(value, dtype=np.int64)
+
+
+def prompt_inputs(model, config, trust_remote_code: bool = False) -> list[dict[str, Any]]:
+    """The tokenized calibration texts, from optimum-intel's own causal-LM dataset handling.
+
+    Args:
+        model: the `OVModelForCausalLM` being quantized.
+        config: its quantization config (with `dataset`, `num_samples`, `tokenizer` set).
+    """
+    from optimum.intel.openvino.configuration import OVPipelineQuantizationConfig
+    from optimum.intel.openvino.quantization import OVCalibrationDatasetBuilder
+
+    if isinstance(config, OVPipelineQuantizationConfig) and config.dataset is None:
+        config = next(c for c in config.quantization_configs.values() if c.dataset is not None)
+    builder = OVCalibrationDatasetBuilder(model, trust_remote_code=trust_remote_code)
+    prefill_only = builder._prepare_causal_lm_calibration_data(config)
+    return list(prefill_only["model"].get_data())
+
+
+def _with_num_samples(config, count: int):
+    """A copy of the config whose NNCF subset size takes every gathered sample."""
+    config = config.clone()
+    config.num_samples = count
+    for attr in ("weight_quantization_config", "full_quantization_config"):
+        sub = getattr(config, attr, None)
+        if sub is not None:
+            sub.num_samples = count
+    for sub in (getattr(config, "quantization_configs", None) or {}).values():
+        if sub is not None:
+            sub.num_samples = count
+    return config
+
+
+def _with_activation_range(config, estimator: str | None):
+    """The config (already a copy) with NNCF's activation range estimator set on its full-quantization
+    parts, through optimum-intel's own `advanced_parameters` kwarg; weight compression, and an estimator
+    the config already sets (a Python API user's `advanced_parameters`), are left as they are."""
+    if estimator is None:
+        return config
+    import dataclasses
+
+    import nncf
+    from nncf.quantization.range_estimator import RangeEstimatorParameters, RangeEstimatorParametersSet
+    from optimum.intel.openvino.configuration import OVQuantizationConfig
+
+    params = getattr(RangeEstimatorParametersSet, estimator.upper())
+    parts = [config, getattr(config, "full_quantization_config", None)]
+    parts += list((getattr(config, "quantization_configs", None) or {}).values())
+    for part in parts:
+        if isinstance(part, OVQuantizationConfig):
+            advanced = part.kwargs.get("advanced_parameters") or nncf.AdvancedQuantizationParameters()
+            if advanced.activations_range_estimator_params != RangeEstimatorParameters():
+                continue
+            part.kwargs["advanced_parameters"] = dataclasses.replace(advanced, activations_range_estimator_params=params)
+    return config
+
+
+class _NotStatefulWarning:
+    """Drops optimum-intel's "Provided model does not contain state ... please reexport" warning: the
+    calibration graph is stateless on purpose (every call feeds its KV cache) and is made stateful after."""
+
+    @staticmethod
+    def filter(record) -> bool:
+        return "does not contain state" not in record.getMessage()
+
+
+def load_stateless(path, *, trust_remote_code: bool = False, cache_dir: str | None = None,
+                   model_kwargs: dict | None = None):
+    """optimum-intel's `OVModelForCausalLM` on the stateless graph in `path`, for its quantization
+    entry point (not compiled)."""
+    import logging
+
+    from optimum.intel import OVModelForCausalLM
+
+    logger = logging.getLogger("optimum.intel.openvino.modeling_decoder")
+    logger.addFilter(_NotStatefulWarning)
+    try:
+        return OVModelForCausalLM.from_pretrained(
+            path, compile=False, use_cache=True, trust_remote_code=trust_remote_code, cache_dir=cache_dir,
+            **(model_kwargs or {}),
+        )
+    finally:
+        logger.removeFilter(_NotStatefulWarning)
+
+
+def _prepared_config(model, quantization_config: Any, model_name_or_path: str):
+    """The config (object or dict) as optimum-intel's quantizer takes it for `model`."""
+    from optimum.intel.openvino.configuration import _quantization_config_from_dict
+
+    config = quantization_config
+    if isinstance(config, dict):
+        config = _quantization_config_from_dict(config)
+    return model._preprocess_quantization_config(config, model_name_or_path)
+
+
+def _apply_calibrated(model, config, samples, *, model_name_or_path: str, trust_remote_code: bool, **save) -> None:
+    """optimum-intel's quantization of `model.model` with NNCF, on `samples` (every one of them, with
+    this package's activation range estimator); `save` is `_apply_quantization`'s saving arguments."""
+    from optimum.intel.openvino.quantization import OVCalibrationDataset
+
+    model._apply_quantization(
+        _with_activation_range(_with_num_samples(config, len(samples)), ACTIVATION_RANGE_ESTIMATOR),
+        compile_only=False, compile_model=False, model_name_or_path=model_name_or_path,
+        trust_remote_code=trust_remote_code, calibration_dataset=OVCalibrationDataset(samples.nncf_dataset()), **save,
+    )
+
+
+def make_stateful(xml: Path, model_config) -> None:
+    """Turn the stateless graph at `xml` stateful in place with optimum-intel's `patch_stateful`."""
+    import openvino as ov
+    from optimum.exporters.openvino.stateful import patch_stateful
+
+    core = ov.Core()
+    ov_model = core.read_model(xml)
+    patch_stateful(model_config, ov_model)
+    tmp = xml.with_name(".stateful-" + xml.name)
+    ov.save_model(ov_model, tmp, compress_to_fp16=False)
+    del ov_model
+    gc.collect()
+    os.replace(tmp, xml)
+    os.replace(tmp.with_suffix(".bin"), xml.with_suffix(".bin"))
+
+

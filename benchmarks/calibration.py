@@ -99,7 +99,7 @@ def build_model(name: str, root: Path, lines: list[str]) -> Path:
     fields = dict(MODELS[name])
     config = AutoConfig.for_model(fields.pop("model_type"), **fields, bos_token_id=1, eos_token_id=2, pad_token_id=0)
     torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(config, torch_dtype=torch.float32).eval()
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
     model.generation_config = GenerationConfig(bos_token_id=1, eos_token_id=2, pad_token_id=0)
     model.save_pretrained(path)
     tok = Tokenizer(models.BPE())
@@ -129,7 +129,7 @@ def reference(model: Path, prompts: list[np.ndarray], steps: int) -> list[dict]:
     import torch
     from transformers import AutoModelForCausalLM
 
-    pt = AutoModelForCausalLM.from_pretrained(model, torch_dtype=torch.float32).eval()
+    pt = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32).eval()
     out = []
     with torch.no_grad():
         for ids in prompts:

@@ -136,7 +136,7 @@ def load_genai(path: str) -> Generate:
 
 
 def load_runtime(path: str) -> Generate:
-    """`optimum_shared_graph.runtime()` (SPEC section 9), if this version has it: a model with `generate()`."""
+    """`optimum_shared_graph.runtime()`, if this version has it: a model with `generate()`."""
     import optimum_shared_graph as osg
 
     if not hasattr(osg, "runtime"):

@@ -11,6 +11,9 @@ Every message is one line that says what is wrong and how to fix it. The tree::
     ├── ManifestError              missing, corrupt, newer-schema or tampered artifact
     └── RuntimeSelectionError      no runtime provider covers what an artifact requires,
                                    or a request the artifact cannot serve (prompt too long, ...)
+
+and one warning, `FallbackWarning` (a `SharedGraphWarning`): the export used optimum-intel's own
+partitioning instead of one shared graph.
 """
 
 from __future__ import annotations
@@ -69,3 +72,11 @@ class ManifestError(SharedGraphError):
 
 class RuntimeSelectionError(SharedGraphError):
     """No runtime can serve this artifact or this request."""
+
+
+class SharedGraphWarning(UserWarning):
+    """Root of every warning this package issues."""
+
+
+class FallbackWarning(SharedGraphWarning):
+    """The export used optimum-intel's own partitioning instead of one shared decoder graph."""

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import ManifestError
-from .tasks import TASK
+from .tasks import TASK, VLM_TASK
 
 MANIFEST_NAME = "shared_graph.json"
 SCHEMA_VERSION = 1
@@ -48,6 +48,39 @@ def describe_ports(ports) -> list[dict[str, str]]:
         {"name": p.get_any_name(), "type": p.get_element_type().get_type_name(), "shape": str(p.get_partial_shape())}
         for p in ports
     ]
+
+
+def _is_str_list(value: Any) -> bool:
+    return isinstance(value, list) and all(isinstance(item, str) for item in value)
+
+
+# What each field read from a manifest must be: a check returning True, and what to say otherwise.
+_FIELD_CHECKS: dict[str, tuple[Any, str]] = {
+    "task": (lambda v: v == TASK, f"is not {TASK!r}"),
+    "partitioning": (lambda v: v in ("shared", "fallback"), "is not 'shared' or 'fallback'"),
+    "shape_mode": (lambda v: v in ("dynamic", "static"), "is not 'dynamic' or 'static'"),
+    "logits": (lambda v: v in ("last", "all"), "is not 'last' or 'all'"),
+    "stateful": (lambda v: isinstance(v, bool), "is not true or false"),
+    "requires": (_is_str_list, "is not a list of strings"),
+    "fallback_reason": (lambda v: v is None or isinstance(v, str), "is not a string or null"),
+    "static": (lambda v: v is None or (isinstance(v, dict) and all(
+        isinstance(v.get(k), int) and not isinstance(v.get(k), bool) and v.get(k) > 0
+        for k in ("batch_size", "query_len", "cache_len"))), "is not null or positive batch_size, query_len and cache_len"),
+    "files": (lambda v: isinstance(v, dict) and all(isinstance(k, str) and isinstance(h, str) for k, h in v.items()),
+              "is not an object of file names and sha256 strings"),
+    "model": (lambda v: isinstance(v, dict), "is not an object"),
+    "graph": (lambda v: isinstance(v, dict) and _is_str_list(v.get("files", [])), "is not an object with a list of files"),
+    "quantization": (lambda v: isinstance(v, dict), "is not an object"),
+    "validation": (lambda v: isinstance(v, dict), "is not an object"),
+    "versions": (lambda v: isinstance(v, dict), "is not an object"),
+}
+
+
+def _field_problem(key: str, value: Any) -> str | None:
+    check = _FIELD_CHECKS.get(key)
+    if check is None or check[0](value):
+        return None
+    return f"{check[1]} (got {json.dumps(value)[:60]})"
 
 
 @dataclass
@@ -106,6 +139,10 @@ class Manifest:
         if missing:
             raise ManifestError(f"manifest{where} lacks {', '.join(missing)}: re-export the model")
         known = {k: data[k] for k in cls.__dataclass_fields__ if k in data and k != "path"}
+        for key, value in known.items():
+            problem = _field_problem(key, value)
+            if problem is not None:
+                raise ManifestError(f"manifest{where}: {key} {problem}: re-export the model")
         return cls(**known, path=path)
 
     def write(self, directory: Path) -> Path:
@@ -123,8 +160,12 @@ class Manifest:
         v = self.validation or {}
         check = v.get("status", "skipped")
         if v.get("status") in {"passed", "recorded"}:
+            ties = [d for d in v.get("differing_steps") or [] if d.get("near_tie")]
+            greedy = "identical" if v["greedy_match"] else (
+                f"identical but for {len(ties)} near-tie{'s' if len(ties) > 1 else ''}" if v["status"] == "passed"
+                else f"top-1 agreement {v.get('top1_agreement', 0):.2f}")
             check += (
-                f" (greedy {v['greedy_tokens']} tokens {'identical' if v['greedy_match'] else 'differ'}, "
+                f" (greedy {v['greedy_tokens']} tokens {greedy}, "
                 f"max |dlogits| prefill {v['max_abs_diff_prefill']:.2e}, decode {v['max_abs_diff_decode']:.2e})"
             )
         where = self.path.parent if self.path else "?"
@@ -161,14 +202,14 @@ def build_manifest(
         quantization: what the quantization flags asked for (`weight_format`, `quant_mode`, `dataset`).
         calibration: the `CalibrationReport` of a data-aware quantization, if any.
         fallback_reason: why decomposition failed (fallback only).
-        graph_task: optimum-intel's task when it is not with-past (a vision-language fallback).
+        graph_task: optimum-intel's task, for a fallback (with-past, or image-text-to-text for a VLM).
         static: the static shapes of a static graph.
         model_extra: more facts about the model (the exported inner module, notes).
     """
     quantization = quantization or {}
     stateful = not any(p.get_any_name().startswith("past_key_values") for p in decoder.inputs)
     requires = ["generation"] + ([] if stateful else ["stateless"]) + (["logits-all"] if opts.logits == "all" else [])
-    requires += (["static"] if static else []) + ([graph_task] if graph_task else [])
+    requires += (["static"] if static else []) + ([graph_task] if graph_task == VLM_TASK else [])
     samples = calibration.counts() if calibration is not None else {"prefill": 0, "decode": 0}
     return Manifest(
         task=TASK,

@@ -133,7 +133,7 @@ def build_tiny_model(model_type: str, out_dir: str | Path, *, seed: int = 0, tok
 
     config = tiny_config(model_type, **overrides)
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(config, torch_dtype=torch.float32).eval()
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
     model.generation_config = GenerationConfig(bos_token_id=1, eos_token_id=2, pad_token_id=0)
     model.save_pretrained(str(out_dir))
     if tokenizer:

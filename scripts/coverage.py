@@ -143,7 +143,7 @@ def _check_runtimes(model_dir: Path, out: Path, result: dict) -> list:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(model_dir)
-    pt = AutoModelForCausalLM.from_pretrained(model_dir, torch_dtype=torch.float32).eval()
+    pt = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     refs = []
     with torch.no_grad():
         for prompt in PROMPTS:
@@ -205,7 +205,7 @@ def _validation_flip_evidence(model_dir: Path, reason: str) -> str:
 
     step = int(match.group(1))
     tok = AutoTokenizer.from_pretrained(model_dir)
-    pt = AutoModelForCausalLM.from_pretrained(model_dir, torch_dtype=torch.float32).eval()
+    pt = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     ids = tok(DEFAULT_PROMPT, return_tensors="pt")["input_ids"][:, :48]
     with torch.no_grad():
         out = pt.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=step + 1,

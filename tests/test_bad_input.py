@@ -1,4 +1,4 @@
-"""Bad input (SPEC section 10): one clear line, a non-zero exit, and the output directory unchanged."""
+"""Bad input: one clear line, a non-zero exit, and the output directory unchanged (docs/errors.md)."""
 
 from __future__ import annotations
 

@@ -42,7 +42,7 @@ def test_quick_run_end_to_end(tmp_path):
     for key in ("shared", "with-past"):
         artifact = model["artifacts"][key]
         assert artifact["bytes"] > 0 and artifact["export_wall_s"] > 0 and artifact["compile_s"] > 0
-    # One graph's weights: the shared artifact is no larger than optimum-intel's (SPEC section 3).
+    # One graph's weights: the shared artifact is no larger than optimum-intel's (docs/design.md, the artifact's invariants).
     assert model["artifacts"]["shared"]["bytes"] <= 1.02 * model["artifacts"]["with-past"]["bytes"]
     generation = model["generation"]
     for key in ("shared-optimum", "withpast-optimum", "shared-genai"):

@@ -1,4 +1,4 @@
-"""Decomposition (SPEC section 4, step 2): captured prefill and decode calls, and the inner-model retry."""
+"""Decomposition: captured prefill and decode calls, and the inner-model retry."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Fallback (SPEC section 6): optimum-intel's own partitioning when decomposition fails, or a clear error."""
+"""Fallback: optimum-intel's own partitioning when decomposition fails, or a clear error."""
 
 from __future__ import annotations
 
@@ -82,9 +82,12 @@ def test_undecomposable_model_falls_back_to_with_past(opaque_model, tmp_path):
     assert "OpaqueLlamaForCausalLM" in reason and "expected at least 16" in reason and "captured 0" in reason
     assert "model (LlamaModel) is not a causal LM" in reason
     assert manifest.graph["task"] == "text-generation-with-past"
-    assert manifest.logits == "all" and manifest.stateful and manifest.validation["status"] == "skipped"
+    assert manifest.logits == "last" and manifest.stateful and manifest.validation["status"] == "skipped"
+    assert manifest.requires == ["generation"]  # --logits last is honoured: one position's logits
     assert _assert_hashes(out, manifest) == ["openvino_model.xml"]
-    rt = ov.Core().read_model(out / "openvino_model.xml").get_rt_info()
+    graph = ov.Core().read_model(out / "openvino_model.xml")
+    assert graph.output("logits").get_partial_shape()[1].get_length() == 1
+    rt = graph.get_rt_info()
     assert rt["shared_graph"]["partitioning"].astype(str) == "fallback"
 
     tok = AutoTokenizer.from_pretrained(opaque_model)
@@ -93,6 +96,17 @@ def test_undecomposable_model_falls_back_to_with_past(opaque_model, tmp_path):
     for prompt in PROMPTS:
         enc = tok([prompt], return_tensors="pt")
         assert torch.equal(_greedy(reference, enc), _greedy(ov_model, enc)), prompt
+
+
+def test_fallback_honours_logits_all(opaque_model, tmp_path):
+    import openvino as ov
+
+    out = tmp_path / "opaque-all"
+    proc = _export(opaque_model, out, "--trust-remote-code", "--logits", "all")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    manifest = read_manifest(out)
+    assert manifest.partitioning == "fallback" and manifest.logits == "all" and "logits-all" in manifest.requires
+    assert ov.Core().read_model(out / "openvino_model.xml").output("logits").get_partial_shape()[1].is_dynamic
 
 
 def test_fallback_never_writes_nothing(opaque_model, out_dir):

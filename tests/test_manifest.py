@@ -78,3 +78,20 @@ def test_messages_are_one_line(artifact):
     with pytest.raises(ManifestError) as info:
         read_manifest(artifact)
     assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("field,value,expected", [
+    ("shape_mode", "quantum", "shape_mode is not 'dynamic' or 'static'"),
+    ("requires", "generation", "requires is not a list of strings"),
+    ("logits", 1, "logits is not 'last' or 'all'"),
+    ("stateful", "yes", "stateful is not true or false"),
+    ("partitioning", "both", "partitioning is not 'shared' or 'fallback'"),
+    ("task", "text-generation", "task is not 'text-generation-shared'"),
+    ("static", {"batch_size": 1, "query_len": 0, "cache_len": 8}, "static is not null or positive"),
+    ("files", ["openvino_model.xml"], "files is not an object"),
+])
+def test_fields_are_checked_for_type_and_value(artifact, field, value, expected):
+    _edit(artifact, **{field: value})
+    with pytest.raises(ManifestError) as info:
+        read_manifest(artifact)
+    assert expected in str(info.value) and "re-export the model" in str(info.value) and "\n" not in str(info.value)

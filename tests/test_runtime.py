@@ -46,9 +46,10 @@ class _Recorder:
 
 @pytest.fixture
 def fake_providers(monkeypatch):
-    """Replace the entry points of our group with the given fakes, and start from an empty registry."""
-    registry = _runtime.ProviderRegistry()
-    monkeypatch.setattr(_runtime, "_REGISTRY", registry)
+    """Replace the entry points of our group with the given fakes (pluggy-style, through importlib.metadata),
+    starting from an empty registry and leaving one behind."""
+    _runtime.REGISTRY.clear()
+    request_cleanup = _runtime.REGISTRY.clear
     eps: list[_EntryPoint] = []
     real = importlib.metadata.entry_points
 
@@ -58,13 +59,14 @@ def fake_providers(monkeypatch):
         return real(**kwargs)
 
     monkeypatch.setattr(importlib.metadata, "entry_points", entry_points)
-    return eps
+    yield eps
+    request_cleanup()
 
 
 def test_builtin_provider_is_registered_by_the_package_entry_point():
     eps = importlib.metadata.entry_points(group=_runtime.GROUP)
     assert "openvino" in {ep.name for ep in eps}
-    provider = {p.name: p for p in osg._runtime.installed_providers()}["openvino"]
+    provider = {p.name: p for p in _runtime.installed_providers()}["openvino"]
     assert isinstance(provider.plugin, OpenVINOProvider)
     assert {"generation", "static", "stateless", "logits-all"} <= provider.capabilities
     assert provider.distribution and provider.distribution.startswith("optimum-shared-graph")
@@ -97,7 +99,7 @@ def test_missing_capability_is_named(fake_providers, dynamic_artifact):
     with pytest.raises(RuntimeSelectionError, match=r"none offers logits-all \(installed: plain"):
         osg.runtime(dynamic_artifact("all"))
     fake_providers.clear()
-    _runtime._REGISTRY = _runtime.ProviderRegistry()  # a fresh process: nothing registered yet
+    _runtime.REGISTRY.clear()  # as in a fresh process: nothing registered yet
     with pytest.raises(RuntimeSelectionError, match="no runtime provider is installed"):
         osg.runtime(dynamic_artifact())
 
@@ -108,7 +110,7 @@ def test_entry_points_load_lazily_and_once(fake_providers, dynamic_artifact):
     assert ep.loads == 0  # nothing is loaded before the first runtime() call
     osg.runtime(dynamic_artifact())
     osg.runtime(dynamic_artifact())
-    _runtime._REGISTRY.load_entry_points()
+    _runtime.REGISTRY.load_entry_points()
     assert ep.loads == 1
 
 

@@ -239,7 +239,7 @@ def test_static_options_checked_before_any_export_work(tiny_model, tmp_path):
     assert not (tmp_path / "x").exists()
 
 
-# ---------------------------------------------------------------- SPEC section 4, step 3
+# ------------------------------------------- prefill inputs decode never takes: no shared graph
 
 _PREFILL_ONLY_MODELING = '''
 import torch

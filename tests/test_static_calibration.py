@@ -152,7 +152,7 @@ def test_samples_are_the_calls_static_session_makes(quantizable_model):
     from optimum_shared_graph.runtimes.static_session import StaticSession
 
     capacity, C, steps = 16, 4, 3
-    pt = AutoModelForCausalLM.from_pretrained(quantizable_model, torch_dtype=torch.float32).eval()
+    pt = AutoModelForCausalLM.from_pretrained(quantizable_model, dtype=torch.float32).eval()
     graph = export_static_graph(pt, StaticShapes(1, C, capacity), logits="last", stateful=False)
     prompts = [{"input_ids": np.arange(10, 15)[None], "attention_mask": np.ones((1, 5), np.int64)},
                {"input_ids": np.arange(20, 40)[None], "attention_mask": np.ones((1, 20), np.int64)}]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import os
 import shutil
 from pathlib import Path
 
@@ -99,9 +100,12 @@ def staging(output: Path):
     try:
         output.parent.mkdir(parents=True, exist_ok=True)
         remove_dead_staging(output)
-        directory = Path(tempfile.mkdtemp(prefix=f".{output.name}.", suffix=".partial", dir=output.parent))
-        lock = open(directory / ".lock", "w")
+        # locked before it takes the name other exports' clean-up looks for
+        starting = Path(tempfile.mkdtemp(prefix=f".{output.name}.", suffix=".starting", dir=output.parent))
+        lock = open(starting / ".lock", "w")
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        directory = starting.with_suffix(".partial")
+        os.rename(starting, directory)
     except OSError as err:
         raise write_error(output.parent, err, disk_problem(output.parent, err)) from err
     try:

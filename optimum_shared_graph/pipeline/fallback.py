@@ -13,7 +13,7 @@ import inspect
 import warnings
 from typing import Any
 
-from ..errors import SharedGraphError
+from ..errors import FallbackWarning, SharedGraphError
 from ..registration import supported_model_types
 from ..tasks import BASE_TASK, TASK, VLM_TASK
 
@@ -22,10 +22,6 @@ MODALITY_INPUTS = (
     "pixel_values", "pixel_values_videos", "image_grid_thw", "video_grid_thw", "image_sizes",
     "pixel_attention_mask", "image_attention_mask", "input_features", "input_values",
 )
-
-
-class FallbackWarning(UserWarning):
-    """The export used optimum-intel's own partitioning instead of one shared decoder graph."""
 
 
 def openvino_tasks(model_type: str | None) -> set[str]:

@@ -27,7 +27,12 @@ def load_config(model: str, opts: ExportOptions):
 
     # "org/name" is a hub id; anything that looks like a file system path must exist.
     looks_local = model.startswith(("/", ".", "~")) or model.count("/") > 1 or "\\" in model
-    if (looks_local or os.path.exists(model)) and not os.path.isdir(model):
+    if os.path.exists(model) and not os.path.isdir(model):
+        raise ModelNotSupportedError(
+            f"model path {model} is a file, not a model directory: pass the directory that holds its config.json "
+            "(or a hub model id)"
+        )
+    if looks_local and not os.path.isdir(model):
         raise ModelNotSupportedError(f"model path {model} does not exist: pass a model directory or a hub model id")
     try:
         config = AutoConfig.from_pretrained(model, trust_remote_code=opts.trust_remote_code)
@@ -71,7 +76,7 @@ def load_model(model: str, config, opts: ExportOptions):
         return None  # no causal LM to load: _decompose() gives the reason and the fallback takes over
     try:
         pt_model = AutoModelForCausalLM.from_pretrained(
-            model, config=config, torch_dtype=torch.float32, trust_remote_code=opts.trust_remote_code
+            model, config=config, dtype=torch.float32, trust_remote_code=opts.trust_remote_code
         )
     except ValueError as err:
         raise ModelNotSupportedError(

@@ -20,7 +20,14 @@ def validate_graph(ov_model, capture: Capture, weight_format: str | None, *, ses
 
     The graph is teacher-forced with PyTorch's greedy tokens: at each call the maximum absolute
     difference of the last-position logits is measured, and the graph's own greedy pick is compared
-    with PyTorch's. Equal picks at every call is the same as equal greedy generations.
+    with PyTorch's. A pick that differs where PyTorch's own top-2 margin is within the logits tolerance
+    is a near-tie (rounding decides it, in PyTorch as in any low-precision runtime), not a failure: the
+    check goes on teacher-forced and the logits decide. A pick that differs with a margin above the
+    tolerance, or logits beyond it, fail. Every differing step is reported with PyTorch's margin there.
+
+    The report also gives a quality figure that means something at any weight format: teacher-forced
+    top-1 agreement with PyTorch and the mean KL divergence of the graph's next-token distribution from
+    PyTorch's, per stage. For quantized weights those are what is recorded (not enforced).
 
     Args:
         ov_model: the `openvino.Model` to check (in memory, before it is written).
@@ -33,8 +40,8 @@ def validate_graph(ov_model, capture: Capture, weight_format: str | None, *, ses
         The report written to the manifest under `validation`.
 
     Raises:
-        ExportValidationError: greedy tokens differ, or the logits differ beyond the tolerance,
-            for fp32/fp16 weights.
+        ExportValidationError: a greedy pick differs where PyTorch's margin is above the tolerance,
+            or the logits differ beyond the tolerance, for fp32/fp16 weights.
     """
     import openvino as ov
 
@@ -44,44 +51,83 @@ def validate_graph(ov_model, capture: Capture, weight_format: str | None, *, ses
     session = session_class(compiled)
     session.reset()
 
-    diffs, picks = [], []
+    diffs, picks, kls = [], [], []
     feed = capture.prompt_ids
     mask = capture.prompt_mask
     calls = bar("validation: prefill + decode calls", iterable=capture.calls, unit="call")
     for i, call in enumerate(calls):
         logits = session.step(feed, mask)[:, -1, :].astype(np.float32)
-        ref = call.last_logits
+        ref = call.last_logits.astype(np.float32)
         diffs.append(float(np.max(np.abs(logits - ref))))
         picks.append(logits.argmax(-1))
+        kls.append(float(np.mean(_kl(ref, logits))))
         feed = capture.tokens[:, i : i + 1]
         mask = None
+    del session, compiled
     ours = np.stack(picks, axis=1)
-    matches = ours == capture.tokens[:, : ours.shape[1]]
-    first_mismatch = None if matches.all() else int(np.argmin(matches.all(axis=0)))
+    theirs = capture.tokens[:, : ours.shape[1]]
+    matches = ours == theirs
     scale = max(1.0, float(max(np.max(np.abs(c.last_logits)) for c in capture.calls)))
     tolerance = RELATIVE_TOLERANCE.get(fmt, float("nan")) * scale
+    differing = []
+    for step in np.flatnonzero(~matches.all(axis=0)):
+        margin = float(np.max([_margin(capture.calls[step].last_logits[row]) for row in np.flatnonzero(~matches[:, step])]))
+        near_tie = enforced and margin <= tolerance
+        differing.append({"step": int(step), "pytorch": int(theirs[0, step]), "openvino": int(ours[0, step]),
+                          "pytorch_margin": margin, "near_tie": bool(near_tie)})
+    first_mismatch = differing[0]["step"] if differing else None
     report = {
         "compile_config": dict(EXACT_CONFIG),
         "prompt_tokens": int(capture.prompt_ids.shape[1]),
         "decode_steps": len(capture.calls) - 1,
         "greedy_tokens": int(ours.shape[1]),
-        "greedy_match": first_mismatch is None,
+        "greedy_match": not differing,
         "first_mismatch_step": first_mismatch,
+        "differing_steps": differing,
         "max_abs_diff_prefill": diffs[0],
         "max_abs_diff_decode": max(diffs[1:]),
+        "top1_agreement": float(matches.mean()),
+        "kl_prefill": kls[0],
+        "kl_decode": float(np.mean(kls[1:])),
         "tolerance": None if not enforced else tolerance,
         "enforced": enforced,
     }
-    failed = enforced and (first_mismatch is not None or max(diffs) > tolerance)
+    real_flips = [d for d in differing if not d["near_tie"]]
+    failed = enforced and (bool(real_flips) or max(diffs) > tolerance)
     report["status"] = "failed" if failed else ("passed" if enforced else "recorded")
     if failed:
-        if first_mismatch is not None:
-            why = f"greedy token {first_mismatch} differs (PyTorch {int(capture.tokens[0, first_mismatch])}, OpenVINO {int(ours[0, first_mismatch])})"
+        if real_flips:
+            d = real_flips[0]
+            why = (f"greedy token {d['step']} differs (PyTorch {d['pytorch']}, OpenVINO {d['openvino']}) where PyTorch's "
+                   f"top-2 margin is {d['pytorch_margin']:.3g}, above the tolerance {tolerance:.3g}")
         else:
             why = f"max |logits difference| {max(diffs):.3g} exceeds the tolerance {tolerance:.3g}"
+            if differing:
+                why += f" (greedy picks differ at near-ties: {_describe(differing)})"
         raise ExportValidationError(
             f"validation failed: the exported graph does not reproduce {capture.architecture}: {why}; "
             "nothing was written (report the model, or pass --skip-validation to keep an unchecked artifact)",
             report=report,
         )
     return report
+
+
+def _margin(logits: np.ndarray) -> float:
+    """PyTorch's top-1 minus top-2 logit: how decisive its greedy pick was."""
+    top2 = np.partition(np.asarray(logits, dtype=np.float64).ravel(), -2)[-2:]
+    return float(top2[1] - top2[0])
+
+
+def _kl(reference: np.ndarray, logits: np.ndarray) -> np.ndarray:
+    """KL(p_reference || p_graph) of the next-token distributions, per row."""
+    def log_softmax(x):
+        x = x.astype(np.float64)
+        x = x - x.max(-1, keepdims=True)
+        return x - np.log(np.exp(x).sum(-1, keepdims=True))
+
+    log_p, log_q = log_softmax(reference), log_softmax(logits)
+    return np.sum(np.exp(log_p) * (log_p - log_q), axis=-1)
+
+
+def _describe(differing: list[dict]) -> str:
+    return ", ".join(f"step {d['step']} margin {d['pytorch_margin']:.3g}" for d in differing)

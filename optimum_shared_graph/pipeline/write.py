@@ -9,7 +9,6 @@ import shutil
 from pathlib import Path
 
 from ..errors import SharedGraphError
-from ..tasks import VLM_TASK
 from ..graph.logits import slice_logits
 from ..graph.static import shapes_of
 from ..manifest import GRAPH_XML, RT_INFO_KEY, STATIC_GRAPH_XML, Manifest, build_manifest, hash_graph_files
@@ -148,7 +147,7 @@ def finish_fallback(raw: Path, final: Path, config: Any, reason: str, opts: Any,
     files = [decoder] + [g for g in graphs if g != decoder]
     manifest = build_manifest(
         partitioning="fallback", config=config, source=model, opts=opts, decoder=decoder_model, files=files,
-        quantization=quantization, fallback_reason=reason, graph_task=task if task == VLM_TASK else None,
+        quantization=quantization, fallback_reason=reason, graph_task=task,
     )
     manifest.validation = {
         "status": "skipped",

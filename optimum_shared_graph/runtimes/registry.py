@@ -69,6 +69,11 @@ class ProviderRegistry:
                 self.register(ep.name, ep.load(), distribution=_distribution(ep))
             return list(self._providers.values())
 
+    def clear(self) -> None:
+        """Forget every registered provider: the entry points are loaded again on next use."""
+        with self._lock:
+            self._providers.clear()
+
     def register(self, name: str, plugin: Any, *, distribution: str | None = None) -> Provider:
         """Register a provider object (or a class, instantiated without arguments) under `name`.
 
@@ -135,7 +140,8 @@ def _distribution(ep) -> str | None:
         return getattr(dist, "name", None)
 
 
-_REGISTRY = ProviderRegistry()
+# The process's providers: entry points load into it on first use.
+REGISTRY = ProviderRegistry()
 
 
 def runtime(path: str | os.PathLike, device: str = "CPU", *, provider: str | None = None, **options: Any) -> Any:
@@ -165,10 +171,10 @@ def runtime(path: str | os.PathLike, device: str = "CPU", *, provider: str | Non
     """
     path = Path(path)
     manifest = read_manifest(path)
-    chosen = _REGISTRY.select(manifest, name=provider)
+    chosen = REGISTRY.select(manifest, name=provider)
     return chosen.plugin.load(path, manifest, device=device, **options)
 
 
 def installed_providers() -> list[Provider]:
     """The runtime providers installed (loading their entry points if not done yet)."""
-    return sorted(_REGISTRY.load_entry_points(), key=lambda p: p.name)
+    return sorted(REGISTRY.load_entry_points(), key=lambda p: p.name)

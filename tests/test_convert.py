@@ -1,0 +1,58 @@
+"""The convert stage's staging directory: beside the output, removed after the export, and what a killed
+export leaves behind removed by the next export into the same directory (never a live export's)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+from conftest import _optimum_cli
+
+from optimum_shared_graph.pipeline.convert import remove_dead_staging
+
+
+def _hold_lock(path):
+    """A process that holds the lock of a staging directory, as a live export does."""
+    code = ("import fcntl, sys, time\nf = open(sys.argv[1], 'a')\nfcntl.flock(f, fcntl.LOCK_EX)\n"
+            "print('locked', flush=True)\ntime.sleep(120)")
+    proc = subprocess.Popen([sys.executable, "-c", code, str(path)], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "locked"
+    return proc
+
+
+def test_dead_staging_is_removed_and_a_live_one_is_kept(tmp_path):
+    out = tmp_path / "out"
+    dead, live, other = tmp_path / ".out.dead1.partial", tmp_path / ".out.live1.partial", tmp_path / ".other.x.partial"
+    for directory in (dead, live, other):
+        (directory / "raw").mkdir(parents=True)
+        (directory / ".lock").touch()
+    holder = _hold_lock(live / ".lock")
+    try:
+        assert remove_dead_staging(out) == [dead]
+        assert not dead.exists() and live.is_dir() and other.is_dir()  # another output's staging is not ours
+    finally:
+        holder.kill()
+        holder.wait()
+    assert remove_dead_staging(out) == [live]  # its export died: now it is litter
+
+
+def test_export_killed_during_conversion_leaves_litter_the_next_export_removes(tiny_model, tmp_path):
+    out = tmp_path / "out"
+    args = [_optimum_cli(), "export", "openvino", "-m", str(tiny_model("llama")), "--task", "text-generation-shared",
+            "--quiet", str(out)]
+    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 300
+    while not list(tmp_path.glob(".out.*.partial/raw")):  # optimum-intel's conversion has started
+        assert proc.poll() is None and time.monotonic() < deadline, "the export ended before its conversion was seen"
+        time.sleep(0.05)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    litter = list(tmp_path.glob(".out.*.partial"))
+    assert len(litter) == 1 and not out.exists()
+
+    subprocess.run(args, check=True, capture_output=True, timeout=600)
+    assert (out / "shared_graph.json").is_file()
+    assert not list(tmp_path.glob(".out.*")), list(tmp_path.iterdir())

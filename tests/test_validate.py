@@ -1,0 +1,86 @@
+"""Validation at export (pipeline/validate.py): near-ties tell rounding from errors, every differing step is
+reported with PyTorch's margin, and the quality figures mean something at any weight format."""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pytest
+
+import optimum_shared_graph as osg
+from optimum_shared_graph import ExportValidationError
+from optimum_shared_graph.pipeline.decompose import capture_generation
+from optimum_shared_graph.pipeline.validate import validate_graph
+
+
+@pytest.fixture(scope="module")
+def graph_and_capture(tiny_model, tmp_path_factory):
+    """The fp32 shared graph of a tiny llama and the PyTorch calls of its generate()."""
+    import openvino as ov
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = tiny_model("llama")
+    out = tmp_path_factory.mktemp("validate") / "ov"
+    osg.export(str(model), out, quiet=True)
+    pt = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32).eval()
+    ids = torch.arange(5, 17)[None]
+    capture = capture_generation(pt, ids, torch.ones_like(ids), 16)
+    return ov.Core().read_model(out / "openvino_model.xml"), capture
+
+
+def _with_last_pick_flipped(capture, margin: float):
+    """The capture as if PyTorch had picked its runner-up at the last step, ahead by `margin`."""
+    doctored = copy.deepcopy(capture)
+    last = doctored.calls[-1]
+    logits = last.last_logits.copy()
+    top, runner_up = np.argsort(logits[0])[-1], np.argsort(logits[0])[-2]
+    logits[0, runner_up] = logits[0, top] + margin
+    last.last_logits = logits
+    doctored.tokens[0, -1] = runner_up
+    return doctored, int(top), int(runner_up)
+
+
+def test_identical_graph_passes_with_a_quality_figure(graph_and_capture):
+    graph, capture = graph_and_capture
+    report = validate_graph(graph, capture, "fp32")
+    assert report["status"] == "passed" and report["greedy_match"] and report["differing_steps"] == []
+    assert report["top1_agreement"] == 1.0 and 0 <= report["kl_prefill"] < 1e-6 and 0 <= report["kl_decode"] < 1e-6
+
+
+def test_a_flip_at_a_near_tie_passes_and_is_reported(graph_and_capture):
+    graph, capture = graph_and_capture
+    doctored, ours, theirs = _with_last_pick_flipped(capture, margin=0.01)  # fp16 tolerance: 3e-2 x max|logit|
+    report = validate_graph(graph, doctored, "fp16")
+    assert report["status"] == "passed" and not report["greedy_match"]
+    (step,) = report["differing_steps"]
+    assert step == {"step": 15, "pytorch": theirs, "openvino": ours, "pytorch_margin": pytest.approx(0.01, rel=1e-3),
+                    "near_tie": True}
+    assert report["top1_agreement"] == pytest.approx(15 / 16)
+
+
+def test_a_flip_with_a_clear_margin_fails_and_states_the_margin(graph_and_capture):
+    graph, capture = graph_and_capture
+    doctored, _, _ = _with_last_pick_flipped(capture, margin=1.0)  # far above the fp32 tolerance
+    with pytest.raises(ExportValidationError, match=r"greedy token 15 differs .* top-2 margin is 1 , above the "
+                                                    r"tolerance|greedy token 15 differs .* top-2 margin is 1, above"):
+        validate_graph(graph, doctored, "fp32")
+
+
+def test_quantized_weights_record_top1_agreement_and_kl(graph_and_capture):
+    graph, capture = graph_and_capture
+    doctored, _, _ = _with_last_pick_flipped(capture, margin=1.0)
+    report = validate_graph(graph, doctored, "int8")  # recorded, not enforced
+    assert report["status"] == "recorded" and report["top1_agreement"] == pytest.approx(15 / 16)
+    assert report["kl_decode"] > 0 and report["tolerance"] is None
+
+
+def test_fp16_export_of_the_quickstart_model_passes(tiny_model, tmp_path):
+    """The README's `export(..., weight_format="fp16")` on the quickstart's model: a near-tie at step 4 (PyTorch's
+    own top-2 margin 0.002) failed it; the flip is now reported as a near-tie."""
+    model = tiny_model("llama", hidden_size=128, intermediate_size=256, num_hidden_layers=4)
+    manifest = osg.export(str(model), tmp_path / "ov", weight_format="fp16", quiet=True)
+    v = manifest.validation
+    assert v["status"] == "passed", v
+    assert all(d["near_tie"] and d["pytorch_margin"] <= v["tolerance"] for d in v["differing_steps"])

@@ -134,33 +134,73 @@ def remove_dead_staging(output: Path) -> list[Path]:
     return removed
 
 
-def convert(raw_export, source: str, raw: Path, *, task: str, model: str, config, capture, reason, opts, hooks,
-            static):
+class InnerModelExport(Exception):
+    """Stops optimum-intel's export of a wrapper: the inner causal LM saved in `directory` is exported instead."""
+
+    def __init__(self, directory: Path):
+        super().__init__(str(directory))
+        self.directory = directory
+
+
+@contextlib.contextmanager
+def one_model_load(on_model, *, load_error):
+    """While active, the model optimum-intel's export loads goes to `on_model(model, convert)` first.
+
+    `convert()` runs optimum-intel's conversion of that model (its `export_from_model`, with every flag's
+    meaning); `on_model` returns what it returns, after the decomposition (and, for a static export,
+    the static trace) ran on the same model. So one PyTorch model serves the capture, the conversion and
+    the validation reference, in the dtype optimum-intel picks. A failure of optimum-intel's loader is
+    `load_error(err)`.
+    """
+    import optimum.exporters.openvino.convert as ov_convert
+    from optimum.exporters.tasks import TasksManager
+
+    original_export = ov_convert.export_from_model
+    original_load = TasksManager.__dict__["get_model_from_task"]
+
+    def export_from_model(model, *args, **kwargs):
+        return on_model(model, lambda: original_export(model, *args, **kwargs))
+
+    def get_model_from_task(*args, **kwargs):
+        try:
+            return original_load.__func__(*args, **kwargs)
+        except Exception as err:
+            raise load_error(err) from err
+
+    ov_convert.export_from_model = export_from_model
+    TasksManager.get_model_from_task = staticmethod(get_model_from_task)
+    try:
+        yield
+    finally:
+        ov_convert.export_from_model = original_export
+        TasksManager.get_model_from_task = original_load
+
+
+def convert(raw_export, source: str, raw: Path, *, task: str, exported_type: str, validating: bool,
+            fallback_reason: str | None, hooks, static):
     """Run optimum-intel's export of `source` into `raw`; return the transformers cap it lifted (or None).
 
-    `hooks` (the both-stage calibration) are active during the export; a static export without
-    calibration skips optimum-intel's dynamic graph, which the static one replaces. Any failure of
-    optimum-intel's is one `ModelNotSupportedError` line (a full disk: `ArtifactWriteError`).
+    `hooks` (the model hand-over and the both-stage calibration) are active during the export; a static
+    export without calibration skips optimum-intel's dynamic graph, which the static one replaces. Any
+    failure of optimum-intel's is one `ModelNotSupportedError` line (a full disk: `ArtifactWriteError`).
+    `InnerModelExport` goes through: the caller exports the inner model instead.
     """
     from ..errors import ModelNotSupportedError
     from ..tasks import BASE_TASK
     from .version_cap import lifted_cap
 
-    exported_type = capture.exported.config.model_type if capture is not None and source != model else config.model_type
     lifted = None
     try:
         if task == BASE_TASK:
             # past optimum-intel's transformers cap only when validation will guard the graph
             # (a fallback is not validated: no captured calls to check it against)
-            with lifted_cap(exported_type, BASE_TASK, validating=not opts.skip_validation and reason is None,
-                            fallback_reason=reason) as lifted:
+            with lifted_cap(exported_type, BASE_TASK, validating=validating, fallback_reason=fallback_reason) as lifted:
                 with hooks, no_dynamic_graph(static):
                     raw_export(source, raw)
-            if lifted is not None and capture is not None:
-                capture.notes.append(lifted.note)
         else:  # optimum-intel's own partitioning for a vision-language model
-            raw_export(source, raw, task=task)
-    except SharedGraphError:
+            with hooks:
+                raw_export(source, raw, task=task)
+    except (SharedGraphError, InnerModelExport):
         raise
     except (Exception, SystemExit) as err:  # optimum-intel reports with ValueError, RuntimeError, ...
         problem = disk_problem(raw.parent.parent, err)
@@ -169,3 +209,16 @@ def convert(raw_export, source: str, raw: Path, *, task: str, model: str, config
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise ModelNotSupportedError(f"optimum-intel could not export {exported_type} as {task}: {first}") from err
     return lifted
+
+
+def return_freed_memory() -> None:
+    """Collect garbage and hand the allocator's free pages back to the system (glibc's `malloc_trim`), so
+    the memory the freed PyTorch model held is not counted again when the graph is compiled."""
+    import ctypes
+    import gc
+
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc: nothing to trim
+        pass

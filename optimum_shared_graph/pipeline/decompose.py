@@ -352,13 +352,39 @@ def decompose_model(pt_model, model: str, opts: ExportOptions, config=None) -> t
         return f"is a {model_type} model, which optimum-intel does not export as {BASE_TASK}"
 
     try:
-        capture = decompose(pt_model, ids, mask, opts.validation_new_tokens, exportable=exportable)
+        capture = with_float32_reference(
+            pt_model, lambda: decompose(pt_model, ids, mask, opts.validation_new_tokens, exportable=exportable))
         check_one_graph_serves_both(capture)
     except DecompositionError as err:
         if "needs a separate prefill graph" in str(err):
             raise
         return None, str(err)
     return capture, None
+
+
+def is_16bit(model) -> bool:
+    """Whether the model holds 16-bit (fp16/bf16) floating-point weights."""
+    import torch
+
+    return any(p.dtype in (torch.float16, torch.bfloat16) for p in model.parameters())
+
+
+def with_float32_reference(model, capture_calls: Callable[[], Capture]) -> Capture:
+    """Run `capture_calls()` (a `generate()` capture) so its logits are the float32 reference.
+
+    A model loaded in 16 bits (optimum-intel loads fp16/bf16 checkpoints so) computes in float32 for the
+    capture, with one layer's weights upcast at a time (`reference.capture_fp32`): the graph computes in
+    float32 with those 16-bit weights, so that is what it must reproduce. A float32 model runs as it is.
+    """
+    if not is_16bit(model):
+        return capture_calls()
+    from .reference import capture_fp32
+
+    capture, report = capture_fp32(model, capture_calls)
+    if report.low_precision_inputs:  # float32 flow broken by the model's own casts: say where
+        capture.notes.append("validation reference computed with 16-bit activations into "
+                             + ", ".join(sorted(report.low_precision_inputs)))
+    return capture
 
 
 class _Released:
@@ -372,10 +398,9 @@ class _Released:
 def release_pytorch(capture) -> None:
     """Drop the capture's reference to the PyTorch model and collect it (the caller drops its own first).
 
-    A dynamic export validates against the captured calls (inputs and the logits PyTorch returned), so
-    the fp32 copy loaded for the decomposition is not needed while optimum-intel converts the model from
-    its own load: releasing it keeps the two loads from adding up (a model passed in by the caller stays
-    the caller's).
+    An export validates against the captured calls (inputs and the logits PyTorch returned), so the
+    capture keeps nothing of the model once it is recorded: optimum-intel frees the one loaded model
+    after converting it, before the graph is compiled for validation.
     """
     import gc
 

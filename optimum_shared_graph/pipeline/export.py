@@ -2,7 +2,7 @@
 
 `run_export()` is shared by the CLI and the Python API. It runs, in order:
 
-1. load (`load.py`): check the output directory, read the config, load the PyTorch model;
+1. load (`load.py`): check the output directory and the model's config, before any work;
 2. decompose (`decompose.py`): record the prefill and decode calls `generate()` makes, and check that
    one graph can serve both (or find the reason it cannot: then the fallback, `fallback.py`);
 3. convert (`convert.py`): optimum-intel's own export into a staging directory, with the both-stage
@@ -11,11 +11,15 @@
 5. validate (`validate.py`): the graph against the captured calls;
 6. write (`write.py`): the manifest, the rt_info, the file hashes; the artifact moved into place.
 
-A failure at any stage leaves the output directory as it was.
+The model is loaded once, by optimum-intel's export in stage 3, in the dtype optimum-intel picks: it
+hands the model over (`convert.one_model_load`) and stages 2 and 4 run on it before and after its
+conversion. optimum-intel frees it once converted, so the graph is compiled for validation with no
+PyTorch weights in memory. A failure at any stage leaves the output directory as it was.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 from typing import Any, Callable
@@ -60,7 +64,7 @@ def run_export(
     stages = ["loading", "decomposing generate()", "converting (optimum-intel)"]
     stages += (["static graph"] if opts.is_static else []) + ([] if opts.skip_validation else ["validating"])
     with progress.export_progress(stages + ["writing"], quiet=opts.quiet):
-        # 1. load: every check that needs no model comes before the model is loaded
+        # 1. load: every check that needs no weights comes before optimum-intel loads the model
         progress.stage("loading")
         register_tasks()
         output = Path(output_dir).absolute()
@@ -76,48 +80,47 @@ def run_export(
                 check_static_quantization(static, opts.calibration_decode_steps, cli_config)
             static_plan = plan_static_quantization(
                 static, opts, calibrating=opts.quantization_config is not None or is_data_aware(cli_config))
-        pt_model = load.load_model(model, config, opts)
+        weight_format = (quantization or {}).get("weight_format") or opts.weight_format
+        export = _Export(model, config, opts, static, static_plan, weight_format)
+        if fallback.is_vision_language(config):  # no causal LM to decompose: optimum-intel's own partitioning
+            export.fallback(fallback.vision_language_reason(config))
 
-        # 2. decompose
-        progress.stage("decomposing generate()")
-        capture, reason = decompose_model(pt_model, model, opts, config)
-        export_task = BASE_TASK if reason is None else fallback.fallback_task(config)
-        if reason is not None:
-            _check_fallback_allowed(reason, export_task, opts)
-            fallback.warn(reason, export_task)
-
-        # 3. convert
-        progress.stage("converting (optimum-intel)")
         with convert.staging(output) as staging:
-            source = model
-            if capture is not None and capture.module is not None:  # the inner causal LM generate() drives
-                source = str(save_exported_model(capture, model, staging / "inner", trust_remote_code=opts.trust_remote_code))
-            if static is None:  # validation needs only the captured calls: free the PyTorch model first
-                pt_model = None
-                release_pytorch(capture)
-            calibration = CalibrationReport()
-            raw = staging / "raw"
-            lifted = convert.convert(
-                raw_export, source, raw, task=export_task, model=model, config=config, capture=capture, reason=reason,
-                opts=opts, hooks=both_stage_quantization(opts.calibration_decode_steps, calibration, static=static_plan),
-                static=static_plan,
-            )
+            raw, calibration = staging / "raw", CalibrationReport()
+            export.staging = staging
 
-            # 4. static trace
+            # 2. decompose, 3. convert and 4. static trace, on the one model optimum-intel loads
+            def hooks():
+                stack = contextlib.ExitStack()
+                stack.enter_context(convert.one_model_load(export.on_model, load_error=export.load_error))
+                stack.enter_context(both_stage_quantization(opts.calibration_decode_steps, calibration, static=static_plan))
+                return stack
+
+            task = BASE_TASK if export.reason is None else fallback.fallback_task(config)
+            validating = not opts.skip_validation and export.reason is None
+            try:
+                lifted = convert.convert(raw_export, model, raw, task=task, exported_type=config.model_type,
+                                         validating=validating, fallback_reason=export.reason, hooks=hooks(),
+                                         static=static_plan)
+            except convert.InnerModelExport as inner:  # a wrapper: its inner causal LM, saved, is exported
+                export.inner = True
+                lifted = convert.convert(raw_export, str(inner.directory), raw, task=BASE_TASK,
+                                         exported_type=export.capture.exported.config.model_type,
+                                         validating=validating, fallback_reason=None,
+                                         hooks=both_stage_quantization(opts.calibration_decode_steps, calibration,
+                                                                       static=static_plan), static=static_plan)
+            if lifted is not None and export.capture is not None:
+                export.capture.notes.append(lifted.note)
+            convert.return_freed_memory()  # the PyTorch model is gone: give its pages back before compiling
             if static is not None:
-                from .static import write_static_graph
+                from .static import finish_static_graph
 
-                progress.stage("static graph")
-                capture = write_static_graph(
-                    pt_model, raw, static, opts, capture=capture, plan=static_plan,
-                    weight_format=(quantization or {}).get("weight_format") or opts.weight_format,
-                )
-                pt_model = None
+                finish_static_graph(raw, static_plan, opts)
 
             # 5. validate and 6. write
             try:
-                manifest = write.finish(raw, staging / "final", config, capture, reason, opts, model, quantization,
-                                        calibration)
+                manifest = write.finish(raw, staging / "final", config, export.capture, export.reason, opts, model,
+                                        quantization, calibration)
             except ExportValidationError as err:
                 if lifted is not None:
                     raise ExportValidationError(f"{err}; {lifted.refusal}", report=err.report) from err
@@ -125,6 +128,52 @@ def run_export(
             write.move_into_place(staging / "final", output)
         manifest.path = output / MANIFEST_NAME
         return manifest
+
+
+class _Export:
+    """What stages 2 and 4 learn from the model optimum-intel loads: the capture, or the fallback reason."""
+
+    def __init__(self, model: str, config, opts: ExportOptions, static, static_plan, weight_format):
+        self.model, self.config, self.opts = model, config, opts
+        self.static, self.static_plan, self.weight_format = static, static_plan, weight_format
+        self.capture, self.reason, self.inner, self.staging = None, None, False, None
+
+    def load_error(self, err: BaseException):
+        return load.load_error(self.model, self.config, err)
+
+    def fallback(self, reason: str) -> None:
+        task = fallback.fallback_task(self.config)
+        _check_fallback_allowed(reason, task, self.opts)
+        fallback.warn(reason, task)
+        self.reason = reason
+
+    def on_model(self, pt_model, convert_model):
+        """Stage 2 on the model optimum-intel loaded, then its conversion (3), then the static trace (4)."""
+        if self.reason is not None or self.inner:  # a fallback or the inner model's own export: convert as it is
+            return convert_model()
+        pt_model.eval()
+        progress.stage("decomposing generate()")
+        self.capture, reason = decompose_model(pt_model, self.model, self.opts, self.config)
+        if reason is not None:
+            self.fallback(reason)
+            return convert_model()
+        if self.capture.module is not None:  # generate() drives an inner causal LM: export that model instead
+            directory = save_exported_model(self.capture, self.model, self.staging / "inner",
+                                            trust_remote_code=self.opts.trust_remote_code)
+            release_pytorch(self.capture)
+            raise convert.InnerModelExport(directory)
+        progress.stage("converting (optimum-intel)")
+        if self.static is None:
+            release_pytorch(self.capture)  # the capture keeps nothing of the model optimum-intel frees after
+            return convert_model()
+        result = convert_model()
+        from .static import trace_static_graph
+
+        progress.stage("static graph")
+        self.capture = trace_static_graph(pt_model, self.staging / "raw", self.static, self.opts, capture=self.capture,
+                                          plan=self.static_plan, weight_format=self.weight_format)
+        release_pytorch(self.capture)
+        return result
 
 
 def _check_fallback_allowed(reason: str, export_task: str, opts: ExportOptions) -> None:
@@ -137,3 +186,4 @@ def _check_fallback_allowed(reason: str, export_task: str, opts: ExportOptions) 
         raise DecompositionError(
             f"{reason}; --shape-mode static needs the one shared graph, so it has no fallback: use --shape-mode dynamic"
         )
+

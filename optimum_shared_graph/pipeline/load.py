@@ -1,4 +1,8 @@
-"""Stage 1, load: check the output directory, read the model's config, load the PyTorch model once."""
+"""Stage 1, load: every check that needs no model weights, before any work.
+
+The model itself is loaded once, by optimum-intel's own export (`convert.py`), in the dtype optimum-intel
+picks (16 bits for an fp16/bf16 checkpoint): the decomposition and the static trace run on that model.
+"""
 
 from __future__ import annotations
 
@@ -68,25 +72,13 @@ def load_config(model: str, opts: ExportOptions):
     return config
 
 
-def load_model(model: str, config, opts: ExportOptions):
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    if fallback.is_vision_language(config):
-        return None  # no causal LM to load: _decompose() gives the reason and the fallback takes over
-    try:
-        pt_model = AutoModelForCausalLM.from_pretrained(
-            model, config=config, dtype=torch.float32, trust_remote_code=opts.trust_remote_code
-        )
-    except ValueError as err:
-        raise ModelNotSupportedError(
-            f"{model} ({config.model_type}) is not a causal language model transformers can load: "
-            f"{str(err).splitlines()[0]}"
-        ) from err
-    except Exception as err:  # a corrupt or truncated weights file (safetensors, torch), a missing shard, ...
-        first = str(err).strip().splitlines()[0] if str(err).strip() else ""
-        raise ModelNotSupportedError(
-            f"cannot load the weights of {model}: {type(err).__name__}: {first}; check that its weight files are "
-            "complete (re-download or re-save the model)"
-        ) from err
-    return pt_model.eval()
+def load_error(model: str, config, err: BaseException) -> ModelNotSupportedError:
+    """The one line for a model optimum-intel could not load (its loader's exception is `err`)."""
+    first = str(err).strip().splitlines()[0] if str(err).strip() else ""
+    if isinstance(err, ValueError):
+        return ModelNotSupportedError(
+            f"{model} ({config.model_type}) is not a causal language model transformers can load: {first}")
+    return ModelNotSupportedError(  # a corrupt or truncated weights file (safetensors, torch), a missing shard, ...
+        f"cannot load the weights of {model}: {type(err).__name__}: {first}; check that its weight files are "
+        "complete (re-download or re-save the model)"
+    )

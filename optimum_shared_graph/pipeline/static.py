@@ -24,6 +24,7 @@ token plus C - 1 masked slots, and the capacity is used to the last slot.
 from __future__ import annotations
 
 import contextlib
+import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Iterator
@@ -35,7 +36,7 @@ from ..graph.logits import slice_logits
 from ..graph.static import StaticShapes, make_static_stateful, shapes_of
 from ..manifest import GRAPH_BIN, GRAPH_XML, STATIC_GRAPH_XML
 from ..options import DEFAULT_MAX_CACHE_CAP, ExportOptions
-from .decompose import capture_generation
+from .decompose import capture_generation, with_float32_reference
 
 _MAX_POSITION_ATTRS = ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length", "n_ctx")
 
@@ -80,7 +81,7 @@ def export_static_graph(pt_model, shapes: StaticShapes, *, logits: str, stateful
     """Trace `pt_model` into a static OpenVINO graph (see the module docstring for its interface).
 
     Args:
-        pt_model: a transformers causal LM (fp32, eval mode).
+        pt_model: a transformers causal LM in eval mode (float32, or 16 bits as optimum-intel loads it).
         shapes: batch, query length and KV capacity.
         logits: `"last"` (logits of the last attended slot only) or `"all"` (every slot).
         stateful: hide the KV buffers as internal state (optimum-intel's `make_stateful`).
@@ -130,7 +131,7 @@ def export_static_graph(pt_model, shapes: StaticShapes, *, logits: str, stateful
 
     masks = _wrapped_in(ALL_MASK_ATTENTION_FUNCTIONS, ("sdpa", "eager"), _with_int_query_length)
     attention = _wrapped_in(ALL_ATTENTION_FUNCTIONS, ("sdpa",), _grouped_sdpa)
-    with torch.no_grad(), patcher, masks, attention:
+    with torch.no_grad(), patcher, masks, attention, _traceable_16bit(pt_model):
         decoder = TorchScriptPythonDecoder(wrapper, example_input=args, trace_kwargs={"check_trace": False})
         ov_model = ov.convert_model(decoder, example_input=args, input=[(tuple(a.shape), _ov_type(a)) for a in args])
     for port, name in zip(ov_model.inputs, names):
@@ -151,6 +152,25 @@ def export_static_graph(pt_model, shapes: StaticShapes, *, logits: str, stateful
             "use --shape-mode dynamic for this model"
         )
     return ov_model
+
+
+@contextlib.contextmanager
+def _traceable_16bit(pt_model) -> Iterator[None]:
+    """A 16-bit model traced as optimum-intel traces one: OpenVINO's `__make_16bit_traceable` keeps the 16-bit
+    weights as the graph's constants and makes every activation float32 (optimum-intel's `patch_16bit_model`).
+    It casts the model's small non-matmul weights (norms) to float32 for good: the trace is the model's last use."""
+    from .decompose import is_16bit
+
+    if not is_16bit(pt_model):
+        yield
+        return
+    from openvino.frontend.pytorch.patch_model import __make_16bit_traceable, unpatch_model
+
+    __make_16bit_traceable(pt_model)
+    try:
+        yield
+    finally:
+        unpatch_model(pt_model, "_openvino_module_extension_patch_orig_forward")
 
 
 @contextlib.contextmanager
@@ -370,51 +390,64 @@ def without_dynamic_graph() -> Iterator[None]:
         ov_convert.export_pytorch = original
 
 
-def write_static_graph(
-    pt_model, raw: Path, shapes: StaticShapes, opts: ExportOptions, *, capture=None, plan=None,
-    weight_format: str | None = None,
-):
-    """Replace the graph optimum-intel wrote in `raw` with the static graph; return the capture to validate on.
+def trace_static_graph(pt_model, raw: Path, shapes: StaticShapes, opts: ExportOptions, *, capture, plan,
+                       weight_format: str | None = None):
+    """Trace the static graph of the model optimum-intel loaded, into `raw`; return the capture to validate on.
 
-    optimum-intel's own export still writes everything else (config, generation config, tokenizer
-    files) and its rt_info is kept; only `openvino_model.xml/.bin` are replaced. Data-free weight
-    formats are applied with NNCF's data-free weight compression. A data-aware quantization config
-    (which the `_main_quantize` hook of `both_stage_quantization` kept for this export instead of
-    quantizing optimum-intel's dynamic graph) is calibrated on the calls a static runtime makes, on
-    the stateless static graph, then the graph is made stateful if asked (`quantization.static.
-    quantize_static_graph`). When the captured prompt and its greedy tokens do not fit the capacity,
-    `generate()` is captured again on a prompt that fits.
-
-    The graph is written as `openvino_static_model.xml` (not optimum-intel's `openvino_model.xml`), so
-    runtimes that cannot run a static graph (OVModelForCausalLM, OpenVINO GenAI) do not pick it up.
+    Runs on the one loaded model, right after optimum-intel converted it (or, without calibration, wrote
+    only its configs and a placeholder graph carrying the rt_info it writes into every IR, see
+    `without_dynamic_graph`). That rt_info is copied onto the static graph, which is written as
+    `openvino_static_model.xml` (not optimum-intel's `openvino_model.xml`), so runtimes that cannot run a
+    static graph (OVModelForCausalLM, OpenVINO GenAI) do not pick it up. With a data-aware quantization
+    the graph is traced stateless (every calibration call carries its KV buffers); `finish_static_graph`
+    quantizes it once optimum-intel's flags have given the config. When the captured prompt and its greedy
+    tokens do not fit the capacity, `generate()` is captured again, on a prompt that fits.
     """
     import openvino as ov
 
-    from ..quantization.static import quantize_static_graph
-
     target = capture.exported if capture is not None and capture.exported is not None else pt_model
-    pending = plan
-    calibrate = pending is not None and pending.config is not None
-    core = ov.Core()
-    reference = core.read_model(raw / GRAPH_XML)
-    ov_model = export_static_graph(target, shapes, logits=opts.logits, stateful=opts.stateful and not calibrate)
+    fitting = _capture_that_fits(pt_model, capture, shapes, opts)
+    ov_model = export_static_graph(target, shapes, logits=opts.logits,
+                                   stateful=opts.stateful and not (plan is not None and plan.calibrating))
+    reference = ov.Core().read_model(raw / GRAPH_XML)
     for key in ("optimum", "runtime_options"):
         if reference.has_rt_info(key):
             for name, value in reference.get_rt_info()[key].items():
                 ov_model.set_rt_info(value.astype(str), [key, name])
     del reference
-    fmt = weight_format or "fp32"
-    if calibrate:  # traced stateless: every calibration call carries its KV buffers as inputs
-        ov_model = quantize_static_graph(ov_model, raw, pending)
+    ov.save_model(ov_model, raw / STATIC_GRAPH_XML, compress_to_fp16=(weight_format == "fp16"))
+    return fitting
+
+
+def finish_static_graph(raw: Path, plan, opts: ExportOptions) -> None:
+    """After optimum-intel's export: quantize the static graph as its flags asked, drop optimum-intel's graph.
+
+    A data-aware config (which the `_main_quantize` hook of `both_stage_quantization` kept for this export
+    instead of quantizing optimum-intel's dynamic graph) is calibrated on the calls a static runtime makes,
+    on the stateless static graph, then the graph is made stateful if asked (`quantization.static.
+    quantize_static_graph`). A data-free one compresses the static graph's weights as optimum-intel would.
+    """
+    import openvino as ov
+
+    from ..quantization.static import quantize_static_graph
+
+    xml = raw / STATIC_GRAPH_XML
+    ov_model, save = None, False
+    if plan is not None and plan.config is not None:
+        ov_model = quantize_static_graph(ov.Core().read_model(xml), raw, plan)
         if opts.stateful:
             make_static_stateful(ov_model)
-        fmt = "fp32"  # the quantized graph is saved as NNCF left it
-    elif pending is not None and pending.weight_config is not None:
-        ov_model = _compress_weights(ov_model, pending.weight_config)
-    (raw / GRAPH_XML).unlink()
+        save = True
+    elif plan is not None and plan.weight_config is not None:
+        ov_model, save = _compress_weights(ov.Core().read_model(xml), plan.weight_config), True
+    (raw / GRAPH_XML).unlink(missing_ok=True)
     (raw / GRAPH_BIN).unlink(missing_ok=True)
-    ov.save_model(ov_model, raw / STATIC_GRAPH_XML, compress_to_fp16=(fmt == "fp16"))
-    return _capture_that_fits(pt_model, capture, shapes, opts)
+    if save:  # the quantized graph is saved as NNCF left it, beside the unquantized one, then renamed over it
+        staged = raw / f".quantized-{STATIC_GRAPH_XML}"
+        ov.save_model(ov_model, staged, compress_to_fp16=False)
+        del ov_model
+        os.replace(staged, xml)
+        os.replace(staged.with_suffix(".bin"), xml.with_suffix(".bin"))
 
 
 def _capture_that_fits(pt_model, capture, shapes: StaticShapes, opts: ExportOptions):
@@ -431,7 +464,7 @@ def _capture_that_fits(pt_model, capture, shapes: StaticShapes, opts: ExportOpti
     kwargs = {}
     if capture.exported is not None:
         kwargs = {"target": capture.exported, "module": capture.module}
-    return capture_generation(pt_model, ids, mask, new_tokens, **kwargs)
+    return with_float32_reference(pt_model, lambda: capture_generation(pt_model, ids, mask, new_tokens, **kwargs))
 
 
 def _compress_weights(ov_model, config):

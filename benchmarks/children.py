@@ -34,6 +34,7 @@ class ChildResult:
     peak_rss_mb: float
     stdout: str
     stderr: str
+    peak_anon_mb: float = float("nan")  # anonymous memory (RssAnon, sampled every 50 ms): not file pages
 
     def json(self) -> dict:
         """The last line of stdout that parses as JSON."""
@@ -55,10 +56,14 @@ def run_child(args: list[str], *, timeout: float = 3600, log: Path | None = None
         start = time.perf_counter()
         proc = subprocess.Popen(args, stdout=out, stderr=err, text=True, env=child_env())
         deadline = start + timeout
+        peak_anon = float("nan")
         while True:
             pid, status, rusage = os.wait4(proc.pid, os.WNOHANG)
             if pid:
                 break
+            anon = _rss_anon_mb(proc.pid)
+            if anon == anon:
+                peak_anon = anon if peak_anon != peak_anon else max(peak_anon, anon)
             if time.perf_counter() > deadline:
                 proc.kill()
             time.sleep(0.05)
@@ -70,7 +75,18 @@ def run_child(args: list[str], *, timeout: float = 3600, log: Path | None = None
     if log is not None:
         log.parent.mkdir(parents=True, exist_ok=True)
         log.write_text(f"$ {' '.join(args)}\n--- stdout\n{stdout}\n--- stderr\n{stderr}\n")
-    return ChildResult(proc.returncode, wall, rusage.ru_maxrss / 1024, stdout, stderr)
+    return ChildResult(proc.returncode, wall, rusage.ru_maxrss / 1024, stdout, stderr, peak_anon)
+
+
+def _rss_anon_mb(pid: int) -> float:
+    """A running process's anonymous resident memory (heap, copies of weights): what file pages are not."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("RssAnon:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return float("nan")
 
 
 def own_rss_mb() -> float:

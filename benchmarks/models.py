@@ -51,6 +51,27 @@ TINYLLAMA_1_1B: dict[str, Any] = dict(
     initializer_range=0.02,
 )
 
+# Qwen/Qwen3-4B config.json (public): the size users export, for the export-only `--suite large` (8 GB in fp16).
+QWEN3_4B: dict[str, Any] = dict(
+    model_type="qwen3",
+    architectures=["Qwen3ForCausalLM"],
+    hidden_size=2560,
+    intermediate_size=9728,
+    num_hidden_layers=36,
+    num_attention_heads=32,
+    num_key_value_heads=8,
+    head_dim=128,
+    vocab_size=151936,
+    max_position_embeddings=40960,
+    rope_theta=1000000.0,
+    rms_norm_eps=1e-6,
+    tie_word_embeddings=True,
+    hidden_act="silu",
+    attention_bias=False,
+    attention_dropout=0.0,
+    initializer_range=0.02,
+)
+
 # For `--quick`: the Qwen2 architecture at toy size, so a smoke test runs in seconds.
 QWEN2_TOY: dict[str, Any] = dict(
     QWEN2_0_5B, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
@@ -62,6 +83,7 @@ MODELS: dict[str, dict[str, Any]] = {
     "qwen2-0.5b": QWEN2_0_5B,
     "tinyllama-1.1b": TINYLLAMA_1_1B,
     "qwen2-toy": QWEN2_TOY,
+    "qwen3-4b": QWEN3_4B,
 }
 
 # Token ids the locally trained tokenizer uses; the model configs point at them so generation
@@ -112,9 +134,10 @@ def parameter_count(name: str) -> int:
     """Parameters of `name`, computed from its shapes (tied embeddings counted once)."""
     c = MODELS[name]
     h, i, v, n = c["hidden_size"], c["intermediate_size"], c["vocab_size"], c["num_hidden_layers"]
-    head = h // c["num_attention_heads"]
-    kv = c["num_key_value_heads"] * head
-    attn = h * h + 2 * h * kv + h * h + (h + 2 * kv if c["model_type"] == "qwen2" else 0)
+    head = c.get("head_dim") or h // c["num_attention_heads"]
+    q, kv = c["num_attention_heads"] * head, c["num_key_value_heads"] * head
+    attn = h * q + 2 * h * kv + q * h + (q + 2 * kv if c["model_type"] == "qwen2" else 0)
+    attn += 2 * head if c["model_type"] == "qwen3" else 0  # q and k norms
     layer = attn + 3 * h * i + 2 * h
     emb = v * h * (1 if c["tie_word_embeddings"] else 2)
     return n * layer + emb + h

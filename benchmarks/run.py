@@ -7,6 +7,10 @@ so every layout sees the same machine noise. Every figure is a median over round
     python benchmarks/run.py                 # the full suite (issue 7), writes docs/benchmarks.md + .png
     python benchmarks/run.py --suite issue2  # TTFT/TPOT/peak memory at 1,024 tokens, shared vs with-past
     python benchmarks/run.py --quick         # a toy model, every layout, seconds; writes under --workdir
+    python benchmarks/run.py --suite export  # export wall and peak memory against optimum-intel's, 0.5B and 1.1B
+                                             # shapes, 3 interleaved exports each (about 25 min, 12 GB of disk)
+    python benchmarks/run.py --suite large   # the same at the Qwen3-4B shape (8 GB fp16 checkpoint): one export
+                                             # per task by default (about 15 min, 45 GB of disk, 24 GB of memory)
 """
 
 from __future__ import annotations
@@ -61,8 +65,8 @@ ARTIFACTS = {a.key: a for a in [
     Artifact("shared", "text-generation-shared", ("openvino_model.xml",)),
     Artifact("with-past", "optimum-intel text-generation-with-past", ("openvino_model.xml",)),
     Artifact("two-graph", "two-graph (prefill + decode graphs)", ("prefill/openvino_model.xml", "decode/openvino_model.xml")),
-    Artifact("static-c1", "text-generation-shared static C=1", ("openvino_model.xml",)),
-    Artifact("static-c16", "text-generation-shared static C=16", ("openvino_model.xml",)),
+    Artifact("static-c1", "text-generation-shared static C=1", ("openvino_static_model.xml",)),
+    Artifact("static-c16", "text-generation-shared static C=16", ("openvino_static_model.xml",)),
     Artifact("pytorch", "PyTorch checkpoint", ()),
 ]}
 
@@ -116,11 +120,19 @@ class Plan:
     reps: int | None = None  # timed generations per prompt length per process; None: --reps
 
 
+# The export suites: optimum-intel's own export, ours, and the static one, on these models.
+EXPORT_LAYOUTS = ("with-past", "shared", "static-c16")
+EXPORT_SUITES = {"export": ("qwen2-0.5b", "tinyllama-1.1b"), "large": ("qwen3-4b",)}
+# Disk an export suite needs: the checkpoints, every layout's artifact and an export's staging copy.
+EXPORT_DISK_GB = {"export": 12, "large": 45}
+
 # --quick: what a smoke test needs to cross every code path that matters, in about a minute.
 QUICK_ROWS = ["shared-optimum", "withpast-optimum", "shared-runtime", "shared-genai"]
 
 
 def plans(args) -> list[Plan]:
+    if args.quick and args.suite in EXPORT_SUITES:
+        return [Plan("qwen2-toy", list(EXPORT_LAYOUTS), [], [])]
     if args.quick:
         rows = list(ROWS) if args.layouts == ["all"] else args.layouts or QUICK_ROWS
         needed = list(dict.fromkeys(ROWS[r].artifact for r in rows))
@@ -129,6 +141,8 @@ def plans(args) -> list[Plan]:
         rows = list(ROWS) if args.layouts == ["all"] else args.layouts
         needed = list(dict.fromkeys(["shared", "with-past"] + [ROWS[r].artifact for r in rows]))
         return [Plan(m, needed, rows, args.prompt_lens or [128, 1024, 2048]) for m in args.models or ["qwen2-0.5b"]]
+    if args.suite in EXPORT_SUITES:  # export only: no compile or generation rows
+        return [Plan(m, list(EXPORT_LAYOUTS), [], []) for m in EXPORT_SUITES[args.suite]]
     if args.suite == "issue2":
         return [Plan("qwen2-0.5b", ["shared", "with-past"],
                      ["shared-optimum", "withpast-optimum", "shared-raw", "withpast-raw"], [1024])]
@@ -210,7 +224,8 @@ def export_all(plan: Plan, model_dir: Path, work: Path, args, progress: Progress
                 out[key] = {"skipped": res.error_line()}
                 progress.note(f"{plan.model}: {key} export skipped: {res.error_line()}")
             else:
-                samples[key].append({"wall_s": res.wall_s, "peak_rss_mb": res.peak_rss_mb})
+                samples[key].append({"wall_s": res.wall_s, "peak_rss_mb": res.peak_rss_mb,
+                                     "peak_anon_mb": res.peak_anon_mb})
             progress.done()
     for key in keys:
         if key in out:
@@ -219,6 +234,7 @@ def export_all(plan: Plan, model_dir: Path, work: Path, args, progress: Progress
         out[key] = {"path": str(target), "bytes": graph_bytes(target),
                     "export_wall_s": statistics.median(s["wall_s"] for s in samples[key]),
                     "export_peak_mb": statistics.median(s["peak_rss_mb"] for s in samples[key]),
+                    "export_peak_anon_mb": statistics.median(s["peak_anon_mb"] for s in samples[key]),
                     "export_samples": samples[key]}
         if key.startswith("static-c"):
             out[key]["static_capacity"] = max_cache
@@ -353,8 +369,9 @@ def parse_args(argv: list[str] | None):
         description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog=__doc__.split("\n\n", 1)[1],
     )
-    parser.add_argument("--suite", choices=("full", "issue2"), default="full",
-                        help="full: every layout, two models (issue 7); issue2: shared vs with-past at 1,024 tokens")
+    parser.add_argument("--suite", choices=("full", "issue2", *EXPORT_SUITES), default="full",
+                        help="full: every layout, two models (issue 7); issue2: shared vs with-past at 1,024 tokens; "
+                             "export: export time and memory at the 0.5B and 1.1B shapes; large: the same at 4B")
     parser.add_argument("--quick", action="store_true", help="smoke test: a toy model, every layout, seconds")
     parser.add_argument("--layouts", nargs="+", default=None, choices=["all", *ROWS],
                         help="only these layout rows (and the artifacts they need), on --models")
@@ -381,7 +398,7 @@ def parse_args(argv: list[str] | None):
     if args.rounds is None:
         args.rounds = 1 if args.quick else 5 if args.suite == "issue2" else 3
     if args.export_reps is None:
-        args.export_reps = 1 if args.quick else 3
+        args.export_reps = 1 if args.quick or args.suite == "large" else 3
     if args.new_tokens is None:
         args.new_tokens = 8 if args.quick else 32
     if args.quick:
@@ -394,12 +411,14 @@ def parse_args(argv: list[str] | None):
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.report_only:
-        md = report.write(json.loads(args.report_only.read_text()), args.docs_dir)
+        saved = json.loads(args.report_only.read_text())
+        writer = report.write_export if saved.get("suite") in EXPORT_SUITES else report.write
+        md = writer(saved, args.docs_dir)
         print(f"wrote {md} from {args.report_only}", file=sys.stderr)
         return 0
     work: Path = args.workdir.absolute()
     work.mkdir(parents=True, exist_ok=True)
-    need = (1 if args.quick else 24) * 2**30  # models, every layout's artifact, an export's staging copy
+    need = (1 if args.quick else EXPORT_DISK_GB.get(args.suite, 24)) * 2**30  # models, artifacts, a staging copy
     free = shutil.disk_usage(work).free
     if free < need:
         raise SystemExit(f"error: {work} has {free / 2**30:.1f} GiB free; this suite needs about {need / 2**30:.0f} GiB "
@@ -425,6 +444,13 @@ def main(argv: list[str] | None = None) -> int:
                 raise SystemExit(f"building {plan.model} failed: {res.error_line()}")
             progress.done()
             exports = export_all(plan, model_dir, work, args, progress)
+            if args.suite in EXPORT_SUITES:
+                results["models"][plan.model] = {
+                    "plan": asdict(plan), "shape": models.describe(plan.model),
+                    "parameters": models.parameter_count(plan.model), "artifacts": exports,
+                    "checkpoint_bytes": checkpoint_bytes(model_dir),
+                }
+                continue
             compile_all(plan, exports, work, args, progress)
             generation = generate_all(plan, exports, work, args, progress)
             results["models"][plan.model] = {
@@ -432,7 +458,7 @@ def main(argv: list[str] | None = None) -> int:
                 "parameters": models.parameter_count(plan.model), "artifacts": exports, "generation": generation,
             }
         progress.step("memory bandwidth")
-        if not args.no_bandwidth:
+        if not args.no_bandwidth and args.suite not in EXPORT_SUITES:
             res = children.run_child(children.python("bandwidth.py", "256" if args.quick else "1024"))
             results["bandwidth"] = res.json() if res.returncode == 0 else {"skipped": res.error_line()}
         progress.done()
@@ -442,7 +468,7 @@ def main(argv: list[str] | None = None) -> int:
     results["loadavg_end"] = os.getloadavg()
     stamp = time.strftime("%Y%m%d-%H%M%S")
     (work / f"results-{results['suite']}-{stamp}.json").write_text(json.dumps(results, indent=1))
-    md = report.write(results, args.docs_dir)
+    md = report.write_export(results, args.docs_dir) if args.suite in EXPORT_SUITES else report.write(results, args.docs_dir)
     if not args.quiet:
         print(f"wrote {md} ({results['wall_s'] / 60:.1f} min)", file=sys.stderr)
     return 0

@@ -51,7 +51,7 @@ def find_logits_projection(model):
     )
 
 
-def slice_logits(model, index=None, *, name: str = "shared_graph/last_position") -> None:
+def slice_logits(model, index=None, *, name: str = "shared_graph/last_position") -> None:  # noqa: the name is LAST_POSITION
     """Compute logits for one position only: gather it before the vocabulary projection, in place.
 
     Slicing before the projection (not after) is what saves the `seq x hidden x vocab` multiply and
@@ -81,3 +81,11 @@ def slice_logits(model, index=None, *, name: str = "shared_graph/last_position")
     sliced.set_friendly_name(name)
     port.replace_source_output(sliced.output(0))
     model.validate_nodes_and_infer_types()
+
+
+LAST_POSITION = "shared_graph/last_position"
+
+
+def is_sliced(model) -> bool:
+    """Whether `slice_logits` already ran on this graph (its gather node is there)."""
+    return any(node.get_friendly_name() == LAST_POSITION for node in model.get_ops())

@@ -143,20 +143,27 @@ class InnerModelExport(Exception):
 
 
 @contextlib.contextmanager
-def one_model_load(on_model, *, load_error):
+def one_model_load(on_model, *, load_error, before_save=None):
     """While active, the model optimum-intel's export loads goes to `on_model(model, convert)` first.
 
     `convert()` runs optimum-intel's conversion of that model (its `export_from_model`, with every flag's
     meaning); `on_model` returns what it returns, after the decomposition (and, for a static export,
     the static trace) ran on the same model. So one PyTorch model serves the capture, the conversion and
     the validation reference, in the dtype optimum-intel picks. A failure of optimum-intel's loader is
-    `load_error(err)`.
+    `load_error(err)`. `before_save(ov_model)` transforms each graph optimum-intel is about to save (the logits
+    slice), so it writes the final graph once.
     """
     import optimum.exporters.openvino.convert as ov_convert
     from optimum.exporters.tasks import TasksManager
 
     original_export = ov_convert.export_from_model
     original_load = TasksManager.__dict__["get_model_from_task"]
+    original_save = ov_convert._save_model
+
+    def save_model(model, *args, **kwargs):
+        if before_save is not None:
+            before_save(model)
+        return original_save(model, *args, **kwargs)
 
     def export_from_model(model, *args, **kwargs):
         return on_model(model, lambda: original_export(model, *args, **kwargs))
@@ -168,11 +175,13 @@ def one_model_load(on_model, *, load_error):
             raise load_error(err) from err
 
     ov_convert.export_from_model = export_from_model
+    ov_convert._save_model = save_model
     TasksManager.get_model_from_task = staticmethod(get_model_from_task)
     try:
         yield
     finally:
         ov_convert.export_from_model = original_export
+        ov_convert._save_model = original_save
         TasksManager.get_model_from_task = original_load
 
 

@@ -82,6 +82,12 @@ def run_export(
                 static, opts, calibrating=opts.quantization_config is not None or is_data_aware(cli_config))
         weight_format = (quantization or {}).get("weight_format") or opts.weight_format
         export = _Export(model, config, opts, static, static_plan, weight_format)
+        if static_plan is not None:
+            export.calibrating = static_plan.calibrating
+        elif opts.quantization_config is not None:
+            export.calibrating = is_data_aware(opts.quantization_config)
+        elif quantization_config is not None and (quantization or {}).get("dataset") is not None:
+            export.calibrating = is_data_aware(quantization_config())  # data-aware needs a dataset
         if fallback.is_vision_language(config):  # no causal LM to decompose: optimum-intel's own partitioning
             export.fallback(fallback.vision_language_reason(config))
 
@@ -92,7 +98,8 @@ def run_export(
             # 2. decompose, 3. convert and 4. static trace, on the one model optimum-intel loads
             def hooks():
                 stack = contextlib.ExitStack()
-                stack.enter_context(convert.one_model_load(export.on_model, load_error=export.load_error))
+                stack.enter_context(convert.one_model_load(export.on_model, load_error=export.load_error,
+                                                           before_save=export.before_save))
                 stack.enter_context(both_stage_quantization(opts.calibration_decode_steps, calibration, static=static_plan))
                 return stack
 
@@ -137,6 +144,7 @@ class _Export:
         self.model, self.config, self.opts = model, config, opts
         self.static, self.static_plan, self.weight_format = static, static_plan, weight_format
         self.capture, self.reason, self.inner, self.staging = None, None, False, None
+        self.calibrating = False  # a data-aware quantization (known from the options before the export)
 
     def load_error(self, err: BaseException):
         return load.load_error(self.model, self.config, err)
@@ -146,6 +154,16 @@ class _Export:
         _check_fallback_allowed(reason, task, self.opts)
         fallback.warn(reason, task)
         self.reason = reason
+
+    def before_save(self, ov_model) -> None:
+        """The logits slice, applied to the graph optimum-intel is about to save, so it writes the final graph
+        (stage 6 then adds only the manifest to its XML). Not for a fallback, a static export (its own graph
+        slices itself), or a data-aware quantization (which calibrates on optimum-intel's graph as it is)."""
+        from ..graph.logits import slice_logits
+
+        if (self.opts.logits == "last" and not self.opts.is_static and self.reason is None and not self.calibrating
+                and "logits" in {name for port in ov_model.outputs for name in port.get_names()}):
+            slice_logits(ov_model)
 
     def on_model(self, pt_model, convert_model):
         """Stage 2 on the model optimum-intel loaded, then its conversion (3), then the static trace (4)."""

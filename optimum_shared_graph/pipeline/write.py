@@ -9,7 +9,7 @@ import shutil
 from pathlib import Path
 
 from ..errors import SharedGraphError
-from ..graph.logits import slice_logits
+from ..graph.logits import is_sliced, slice_logits
 from ..graph.static import shapes_of
 from ..manifest import GRAPH_XML, RT_INFO_KEY, STATIC_GRAPH_XML, Manifest, build_manifest, hash_graph_files
 from ..runtimes.session import GraphSession
@@ -34,8 +34,10 @@ def finish(raw: Path, final: Path, config, capture, reason, opts, model, quantiz
             "decoder graph: use --fallback auto for this model"
         )
     ov_model = ov.Core().read_model(raw / graph_xml)
-    if opts.logits == "last" and not opts.is_static:  # static graphs slice their own logits
+    unchanged = True  # the graph is as optimum-intel (or the static trace) wrote it
+    if opts.logits == "last" and not opts.is_static and not is_sliced(ov_model):  # static graphs slice their own
         slice_logits(ov_model)
+        unchanged = False
     notes = {"notes": list(capture.notes)} if capture is not None and capture.notes else {}
     manifest = build_manifest(
         partitioning="shared", config=config, source=model, opts=opts, decoder=ov_model, files=[graph_xml],
@@ -52,7 +54,7 @@ def finish(raw: Path, final: Path, config, capture, reason, opts, model, quantiz
         weight_format = manifest.quantization["weight_format"] if not manifest.quantization["quant_mode"] else "int8"
         manifest.validation = validate_graph(ov_model, capture, weight_format, session_class=session)
     progress.stage("writing")
-    write_artifact(raw, final, {graph_xml: ov_model}, manifest)
+    write_artifact(raw, final, {graph_xml: None if unchanged else ov_model}, manifest)
     return manifest
 
 
@@ -79,6 +81,10 @@ def write_artifact(raw: Path, final: Path, graphs: dict, manifest: Manifest) -> 
     rt_info = manifest.rt_info()
     core = ov.Core()
     for name, graph in graphs.items():
+        if graph is None and _add_rt_info_to_xml(raw / name, final / name, rt_info):
+            bin_name = name[: -len(".xml")] + ".bin"
+            os.replace(raw / bin_name, final / bin_name)
+            continue  # the weights were written once, by optimum-intel: moved, not rewritten
         graph = graph if graph is not None else core.read_model(raw / name)
         for key, value in rt_info.items():
             graph.set_rt_info(value, [RT_INFO_KEY, key])
@@ -87,6 +93,36 @@ def write_artifact(raw: Path, final: Path, graphs: dict, manifest: Manifest) -> 
     graphs.clear()
     manifest.files = hash_graph_files(final, sorted(n for n in graph_files if (final / n).is_file()))
     manifest.write(final)
+
+
+def _add_rt_info_to_xml(xml: Path, target: Path, rt_info: dict[str, str]) -> bool:
+    """Write `xml` to `target` with `rt_info` under `shared_graph` in its rt_info, editing the XML text only
+    (the `.bin` is untouched); True when OpenVINO reads the result back with every value, else False and
+    nothing written (the caller saves the graph instead)."""
+    import openvino as ov
+    from xml.sax.saxutils import quoteattr
+
+    text = xml.read_text(encoding="utf-8")
+    entries = "".join(f"\n\t\t\t<{key} value={quoteattr(value)} />" for key, value in rt_info.items())
+    block = f"\n\t\t<{RT_INFO_KEY}>{entries}\n\t\t</{RT_INFO_KEY}>"
+    end = text.rfind("</rt_info>")
+    if end >= 0:
+        edited = text[:end].rstrip() + block + "\n\t" + text[end:]
+    else:
+        net = text.rfind("</net>")
+        if net < 0:
+            return False
+        edited = text[:net].rstrip() + f"\n\t<rt_info>{block}\n\t</rt_info>\n" + text[net:]
+    target.write_text(edited, encoding="utf-8")
+    try:
+        model = ov.Core().read_model(target, xml.with_suffix(".bin"))
+        written = model.get_rt_info()[RT_INFO_KEY]
+        ok = all(written[key].astype(str) == value for key, value in rt_info.items())
+    except (RuntimeError, KeyError):
+        ok = False
+    if not ok:
+        target.unlink()
+    return ok
 
 
 def move_into_place(final: Path, output: Path) -> None:

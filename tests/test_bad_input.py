@@ -48,6 +48,15 @@ def test_missing_model_path(tmp_path, out_dir):
     _assert_unchanged(out_dir, before)
 
 
+def test_model_path_naming_a_file(tiny_model, tmp_path, out_dir):
+    before = tree_snapshot(out_dir)
+    proc = _export(tiny_model("llama") / "config.json", out_dir)
+    assert proc.returncode != 0
+    line = error_line(proc)
+    assert "is a file, not a model directory" in line and "does not exist" not in line, line
+    _assert_unchanged(out_dir, before)
+
+
 def test_corrupt_weights_file(tiny_model, tmp_path, out_dir):
     import shutil
 

@@ -67,12 +67,12 @@ def test_static_graph_and_greedy_parity(query_len, stateful, static_artifact, re
     assert "static" in manifest.requires and "generation" in manifest.requires
     assert ("stateless" in manifest.requires) == (not stateful) and manifest.stateful == stateful
     assert manifest.validation["status"] == "passed" and manifest.validation["greedy_match"]
-    graph = ov.Core().read_model(out / "openvino_model.xml")
+    graph = ov.Core().read_model(out / "openvino_static_model.xml")
     assert not graph.is_dynamic()
     assert graph.input("input_ids").get_partial_shape().to_shape() == [2, query_len]
     assert graph.output("logits").get_partial_shape().to_shape() == [2, 1, 512]
     assert len(graph.get_sinks()) == (4 if stateful else 0)
-    assert sorted(p.name for p in out.glob("*.xml") if "tokenizer" not in p.name) == ["openvino_model.xml"]
+    assert sorted(p.name for p in out.glob("*.xml") if "tokenizer" not in p.name) == ["openvino_static_model.xml"]
 
     pt, _ = reference
     model = osg.runtime(out, ov_config=EXACT)
@@ -112,7 +112,7 @@ def test_grouped_query_attention_does_not_repeat_the_kv_buffers(static_artifact,
 
     config = AutoConfig.from_pretrained(tiny_model("llama"))
     assert config.num_attention_heads > config.num_key_value_heads  # the case this guards
-    graph = ov.Core().read_model(static_artifact(1, True) / "openvino_model.xml")
+    graph = ov.Core().read_model(static_artifact(1, True) / "openvino_static_model.xml")
     repeated = [2, config.num_attention_heads, CAPACITY, config.head_dim]
     offenders = [op.get_friendly_name() for op in graph.get_ops()
                  if any(list(out.get_partial_shape().to_shape()) == repeated for out in op.outputs())]
@@ -302,7 +302,7 @@ def test_static_data_free_weight_compression(flags, check, quantizable_model, tm
     run_cli("export", "openvino", "-m", str(quantizable_model), "--task", "text-generation-shared",
             "--shape-mode", "static", "--max-cache-len", "48", "--static-query-len", "4", "--quiet", *flags, str(out),
             check=True)
-    weights = _compressed_weights(out / "openvino_model.xml")
+    weights = _compressed_weights(out / "openvino_static_model.xml")
     assert check(weights), weights
     manifest = read_manifest(out)
     assert manifest.quantization["weight_format"] == flags[1]

@@ -93,7 +93,7 @@ def _check_quantized(out, mode: str, query_len: int, stateful: bool, reference, 
     quant = manifest.quantization
     assert quant["calibration_samples"] == _expected_calls(reference[1], query_len)
     assert quant["calibration_decode_steps"] == DECODE_STEPS and quant["calibration_graph"] == "stateless"
-    graph = ov.Core().read_model(out / "openvino_model.xml")
+    graph = ov.Core().read_model(out / "openvino_static_model.xml")
     assert not graph.is_dynamic()
     names = [p.get_any_name() for p in graph.inputs]
     assert ("beam_idx" in names) == stateful and any(n.startswith("past_key_values") for n in names) != stateful

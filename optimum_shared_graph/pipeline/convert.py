@@ -144,9 +144,10 @@ class InnerModelExport(Exception):
 
 @contextlib.contextmanager
 def one_model_load(on_model, *, load_error, before_save=None):
-    """While active, the model optimum-intel's export loads goes to `on_model(model, convert)` first.
+    """While active, the model optimum-intel's export loads goes to `on_model(model, convert, output)` first.
 
-    `convert()` runs optimum-intel's conversion of that model (its `export_from_model`, with every flag's
+    `output` is the directory optimum-intel writes into (with a quantization flag, its command exports into a
+    temporary directory and moves it into place afterwards); `convert()` runs optimum-intel's conversion of that model (its `export_from_model`, with every flag's
     meaning); `on_model` returns what it returns, after the decomposition (and, for a static export,
     the static trace) ran on the same model. So one PyTorch model serves the capture, the conversion and
     the validation reference, in the dtype optimum-intel picks. A failure of optimum-intel's loader is
@@ -166,7 +167,8 @@ def one_model_load(on_model, *, load_error, before_save=None):
         return original_save(model, *args, **kwargs)
 
     def export_from_model(model, *args, **kwargs):
-        return on_model(model, lambda: original_export(model, *args, **kwargs))
+        output = Path(kwargs["output"] if "output" in kwargs else args[0])  # where optimum-intel writes now
+        return on_model(model, lambda: original_export(model, *args, **kwargs), output)
 
     def get_model_from_task(*args, **kwargs):
         try:

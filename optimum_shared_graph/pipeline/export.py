@@ -31,7 +31,7 @@ from ..options import ExportOptions
 from ..quantization.both_stages import both_stage_quantization
 from ..quantization.calibration import CalibrationReport, is_data_aware
 from ..quantization.static import check_static_quantization, plan_static_quantization
-from ..registration import register_tasks
+from ..registration import register_tasks, supported_model_types
 from ..tasks import BASE_TASK
 from . import convert, fallback, load, write
 from .decompose import decompose_model, release_pytorch, save_exported_model
@@ -103,19 +103,22 @@ def run_export(
                 stack.enter_context(both_stage_quantization(opts.calibration_decode_steps, calibration, static=static_plan))
                 return stack
 
+            source, exported_type = model, config.model_type
+            if export.reason is None and config.model_type not in supported_model_types():
+                # a remote-code wrapper of a type optimum-intel does not export: loaded here, once, to find the
+                # inner causal LM its generate() drives, which is saved and exported instead (the wrapper freed)
+                source, exported_type = export.decompose_wrapper(load.load_model(model, config, opts))
             task = BASE_TASK if export.reason is None else fallback.fallback_task(config)
             validating = not opts.skip_validation and export.reason is None
             try:
-                lifted = convert.convert(raw_export, model, raw, task=task, exported_type=config.model_type,
+                lifted = convert.convert(raw_export, source, raw, task=task, exported_type=exported_type,
                                          validating=validating, fallback_reason=export.reason, hooks=hooks(),
                                          static=static_plan)
-            except convert.InnerModelExport as inner:  # a wrapper: its inner causal LM, saved, is exported
+            except convert.InnerModelExport as inner:  # generate() drives an inner causal LM: export that one
                 export.inner = True
                 lifted = convert.convert(raw_export, str(inner.directory), raw, task=BASE_TASK,
                                          exported_type=export.capture.exported.config.model_type,
-                                         validating=validating, fallback_reason=None,
-                                         hooks=both_stage_quantization(opts.calibration_decode_steps, calibration,
-                                                                       static=static_plan), static=static_plan)
+                                         validating=validating, fallback_reason=None, hooks=hooks(), static=static_plan)
             if lifted is not None and export.capture is not None:
                 export.capture.notes.append(lifted.note)
             convert.return_freed_memory()  # the PyTorch model is gone: give its pages back before compiling
@@ -165,7 +168,29 @@ class _Export:
                 and "logits" in {name for port in ov_model.outputs for name in port.get_names()}):
             slice_logits(ov_model)
 
-    def on_model(self, pt_model, convert_model):
+    def decompose_wrapper(self, pt_model) -> tuple[str, str]:
+        """Stage 2 on a model this export loaded itself (optimum-intel cannot load its type); return the
+        source and model type optimum-intel exports: the inner causal LM (saved, then the wrapper freed), or
+        the model itself when decomposition found no inner one (then optimum-intel says why it cannot)."""
+        import gc
+
+        progress.stage("decomposing generate()")
+        self.capture, reason = decompose_model(pt_model, self.model, self.opts, self.config)
+        if reason is not None:
+            self.fallback(reason)
+            return self.model, self.config.model_type
+        if self.capture.module is None:
+            return self.model, self.config.model_type
+        exported_type = self.capture.exported.config.model_type
+        directory = save_exported_model(self.capture, self.model, self.staging / "inner",
+                                        trust_remote_code=self.opts.trust_remote_code)
+        self.inner = True  # optimum-intel's load of the inner model is converted as it is
+        release_pytorch(self.capture)
+        del pt_model
+        gc.collect()
+        return str(directory), exported_type
+
+    def on_model(self, pt_model, convert_model, written_to: Path):
         """Stage 2 on the model optimum-intel loaded, then its conversion (3), then the static trace (4)."""
         if self.reason is not None or self.inner:  # a fallback or the inner model's own export: convert as it is
             return convert_model()
@@ -188,7 +213,7 @@ class _Export:
         from .static import trace_static_graph
 
         progress.stage("static graph")
-        self.capture = trace_static_graph(pt_model, self.staging / "raw", self.static, self.opts, capture=self.capture,
+        self.capture = trace_static_graph(pt_model, written_to, self.static, self.opts, capture=self.capture,
                                           plan=self.static_plan, weight_format=self.weight_format)
         release_pytorch(self.capture)
         return result

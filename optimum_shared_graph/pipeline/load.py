@@ -72,6 +72,18 @@ def load_config(model: str, opts: ExportOptions):
     return config
 
 
+def load_model(model: str, config, opts: ExportOptions):
+    """Load a model optimum-intel cannot load as its own type (a remote-code wrapper), in the checkpoint's
+    dtype, for the decomposition to find the inner causal LM its `generate()` drives."""
+    from transformers import AutoModelForCausalLM
+
+    try:
+        return AutoModelForCausalLM.from_pretrained(model, config=config, dtype="auto",
+                                                    trust_remote_code=opts.trust_remote_code).eval()
+    except Exception as err:
+        raise load_error(model, config, err) from err
+
+
 def load_error(model: str, config, err: BaseException) -> ModelNotSupportedError:
     """The one line for a model optimum-intel could not load (its loader's exception is `err`)."""
     first = str(err).strip().splitlines()[0] if str(err).strip() else ""

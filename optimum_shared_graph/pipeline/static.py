@@ -392,7 +392,8 @@ def without_dynamic_graph() -> Iterator[None]:
 
 def trace_static_graph(pt_model, raw: Path, shapes: StaticShapes, opts: ExportOptions, *, capture, plan,
                        weight_format: str | None = None):
-    """Trace the static graph of the model optimum-intel loaded, into `raw`; return the capture to validate on.
+    """Trace the static graph of the model optimum-intel loaded into `raw`, the directory optimum-intel is
+    writing (it moves it into place with its own files); return the capture to validate on.
 
     Runs on the one loaded model, right after optimum-intel converted it (or, without calibration, wrote
     only its configs and a placeholder graph carrying the rt_info it writes into every IR, see

@@ -39,11 +39,11 @@ from ..errors import SharedGraphError
 from ..progress import bar
 from ..runtimes.session import position_ids_from_mask
 from .calibration import (
+    COMPILE_CONFIG,
     CalibrationReport, _apply_calibrated, _as_numpy, _prepared_config, is_data_aware, load_stateless, make_stateful,
     prompt_inputs,
 )
 
-_COMPILE_CONFIG = {"INFERENCE_PRECISION_HINT": "f32"}  # the KV state the fp32 model really produces
 _STEP_INPUTS = {"input_ids", "attention_mask", "position_ids"}
 
 class BothStageSamples:
@@ -92,7 +92,7 @@ class BothStageSamples:
             p.get_any_name(): (p.get_element_type().to_dtype(), p.get_partial_shape()) for p in ov_model.inputs
             if p.get_any_name() in self._past_names
         }
-        compiled = ov.Core().compile_model(ov_model, "CPU", _COMPILE_CONFIG)
+        compiled = ov.Core().compile_model(ov_model, "CPU", COMPILE_CONFIG)
         request = compiled.create_infer_request()
         self._texts: list[dict[str, Any]] = []
         self._keys: list[tuple[int, int | None]] = []

@@ -31,6 +31,9 @@ from ..progress import bar
 # prefill-only calibration (`--calibration-decode-steps 0`) uses it too. See docs/quantization.md.
 ACTIVATION_RANGE_ESTIMATOR: str | None = "MINMAX"
 
+# How calibration compiles the fp32 graph it generates with: the KV state the fp32 model really produces.
+COMPILE_CONFIG = {"INFERENCE_PRECISION_HINT": "f32"}
+
 
 
 

@@ -20,6 +20,7 @@ from ..errors import InvalidOptionsError
 from ..progress import bar
 from ..runtimes.static_session import StaticSession, layer_order
 from .calibration import (
+    COMPILE_CONFIG,
     CalibrationReport, _apply_calibrated, _prepared_config, is_data_aware, load_stateless, resolve_config_dataset,
     prompt_inputs, resolve_dataset,
 )
@@ -164,7 +165,7 @@ class StaticCalibrationSamples:
             raise SharedGraphError("static calibration needs the stateless static graph (past_key_values inputs)")
         self._past_specs = {p.get_any_name(): (tuple(p.get_shape()), p.get_element_type().to_dtype())
                             for p in ov_model.inputs if p.get_any_name() in self._past_names}
-        compiled = ov.Core().compile_model(ov_model, "CPU", _COMPILE_CONFIG)
+        compiled = ov.Core().compile_model(ov_model, "CPU", COMPILE_CONFIG)
         recorder = _RecordingRequest(compiled.create_infer_request(), self._past_names)
         session = StaticSession(compiled, pad_token_id, request=recorder)
         self.capacity, self.query_len = session.capacity, session.query_len

@@ -108,8 +108,8 @@ def is_data_aware(quantization_config: Any) -> bool:
     config = quantization_config
     if config is None:
         return False
-    if isinstance(config, dict):
-        config = _quantization_config_from_dict(config)
+    if isinstance(config, dict):  # a local text file as `dataset` is read first (optimum-intel knows only names)
+        config = _quantization_config_from_dict(resolve_config_dataset(config))
     if isinstance(config, OVPipelineQuantizationConfig):
         return any(is_data_aware(c) for c in config.quantization_configs.values())
     if isinstance(config, (OVQuantizationConfig, OVMixedQuantizationConfig)):

@@ -21,6 +21,7 @@ from ..progress import bar
 from ..runtimes.static_session import StaticSession, layer_order
 from .calibration import (
     COMPILE_CONFIG,
+    _as_numpy,
     CalibrationReport, _apply_calibrated, _prepared_config, is_data_aware, load_stateless, resolve_config_dataset,
     prompt_inputs, resolve_dataset,
 )

@@ -526,6 +526,26 @@ def render_export(results: dict) -> str:
             if key.startswith("static"):
                 verdicts.append((name, f"{key} peak RSS", peak_r, EXPORT_TARGETS["static_peak"]))
         add("")
+    add("## What bounds the peak")
+    add("")
+    add("The export's peak is its validation, which runs the exported graph once: OpenVINO's CPU plugin then "
+        "repacks the weights of every matrix multiplication into anonymous memory, while the `.bin` is "
+        "memory-mapped. optimum-intel's export compiles nothing and keeps the weights memory-mapped, so an "
+        "export that validates pays about one `.bin` of anonymous memory above it. From this run:")
+    add("")
+    add("| model | shared graph `.bin` | peak anonymous, shared - with-past | that difference / `.bin` |")
+    add("| --- | --- | --- | --- |")
+    for name, model in results["models"].items():
+        arts = model["artifacts"]
+        shared, base = arts.get("shared", {}), arts.get("with-past", {})
+        if "export_peak_anon_mb" not in shared or "export_peak_anon_mb" not in base:
+            continue
+        extra = shared["export_peak_anon_mb"] - base["export_peak_anon_mb"]
+        size = shared.get("bytes", 0) / 2**20
+        add(f"| {name} | {_mb(size)} | {_mb(extra)} | {_r(extra / size if size else None)} |")
+    add("")
+    add("[What an export costs](export-cost.md) has the stage-by-stage figures and what was tried.")
+    add("")
     add("## Targets")
     add("")
     add("| model | figure | ratio to with-past | target | |")

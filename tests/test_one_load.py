@@ -109,3 +109,31 @@ def test_export_peak_memory_is_held_near_optimum_intels(heavier_fp16_model, tmp_
     with_past = _peak_rss_mb([cli, *common, "--task", "text-generation-with-past", str(tmp_path / "with-past")])
     shared = _peak_rss_mb([cli, *common, "--task", "text-generation-shared", "--quiet", str(tmp_path / "shared")])
     assert shared <= 1.15 * with_past, (shared, with_past)
+
+
+_OWN_LOADING = """
+import sys
+from optimum_shared_graph.options import ExportOptions
+from optimum_shared_graph.pipeline.load import load_config, load_model
+from optimum_shared_graph.testing import build_tiny_model
+build_tiny_model("llama", sys.argv[2], tokenizer=False)
+load_model(sys.argv[1], load_config(sys.argv[1], ExportOptions()), ExportOptions())
+if len(sys.argv) > 3:  # the check's own control: the deprecated keyword
+    import torch
+    from transformers import AutoModelForCausalLM
+    AutoModelForCausalLM.from_pretrained(sys.argv[1], torch_dtype=torch.float32)
+"""
+
+
+def test_the_export_s_own_loading_uses_dtype_not_the_deprecated_torch_dtype(tiny_model, tmp_path):
+    """transformers 5 warns "`torch_dtype` is deprecated" (once per process, on stderr) when a load passes it;
+    the export's own loading (a remote-code wrapper's, `pipeline/load.py`) and the test models' (`testing.py`)
+    pass `dtype`. The control run passes `torch_dtype` and must see the warning, so the check can fail."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(Path(__file__).resolve().parents[1]),
+                                                        os.environ.get("PYTHONPATH", "")]))
+    args = [sys.executable, "-c", _OWN_LOADING, str(tiny_model("llama")), str(tmp_path / "built")]
+    ours = subprocess.run(args, capture_output=True, text=True, timeout=300, env=env)
+    control = subprocess.run(args + ["control"], capture_output=True, text=True, timeout=300, env=env)
+    assert ours.returncode == 0 and control.returncode == 0, ours.stderr[-2000:] + control.stderr[-2000:]
+    assert "torch_dtype" in control.stderr
+    assert "torch_dtype" not in ours.stderr, ours.stderr[-2000:]

@@ -488,6 +488,8 @@ def render_export(results: dict) -> str:
         f"({results['wall_s'] / 60:.1f} min): {m.get('Model name')}, {m.get('nproc')} CPUs, {m.get('ram_gb')} GB of "
         "memory, no swap. Random-init models with the shapes of public checkpoints, saved in fp16 as released "
         "checkpoints are; every export with `--weight-format fp16`, each in a fresh process.")
+    if results["settings"].get("note"):
+        add(f"Conditions: {results['settings']['note']}")
     reps = results["settings"].get("export_reps")
     add(f"Each figure is the median of {reps} export{'s' if reps != 1 else ''} per task"
         + (", the tasks interleaved round by round (order rotated)." if reps and reps > 1 else "."))

@@ -392,6 +392,7 @@ def parse_args(argv: list[str] | None):
                         help="where benchmarks.md and the plot go (default: docs/; with --quick: WORKDIR/quick)")
     parser.add_argument("--no-bandwidth", action="store_true", help="skip the memory-bandwidth measurement")
     parser.add_argument("--quiet", action="store_true", help="no progress output")
+    parser.add_argument("--note", default=None, help="a sentence the report prints about this run's conditions")
     parser.add_argument("--report-only", type=Path, default=None, metavar="RESULTS.json",
                         help="measure nothing: rewrite the docs from a results file an earlier run saved")
     args = parser.parse_args(argv)
@@ -412,6 +413,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.report_only:
         saved = json.loads(args.report_only.read_text())
+        if args.note:
+            saved["settings"]["note"] = args.note
         writer = report.write_export if saved.get("suite") in EXPORT_SUITES else report.write
         md = writer(saved, args.docs_dir)
         print(f"wrote {md} from {args.report_only}", file=sys.stderr)

@@ -39,6 +39,7 @@ def _coverage_module():
     return module
 
 
+@pytest.mark.slow
 @pytest.mark.coverage
 @pytest.mark.timeout(600)
 def test_representative_subset_exports_with_parity(tmp_path):

@@ -217,15 +217,16 @@ def small_disk(tmp_path):
         subprocess.run(["umount", "--lazy", str(where)], check=False)
 
 
-def _artifact_sizes(tiny_model, tmp_path) -> tuple[int, int]:
-    """(bytes of a whole artifact of the tiny llama, bytes of its graph .bin), from a real export."""
-    out = tmp_path / "measure"
+@pytest.fixture(scope="module")
+def artifact_sizes(tiny_model, tmp_path_factory) -> tuple[int, int]:
+    """(bytes of a whole artifact of the tiny llama, bytes of its graph .bin), from a real export (once)."""
+    out = tmp_path_factory.mktemp("measure") / "out"
     _export(tiny_model("llama"), out, "--quiet").check_returncode()
     return sum(p.stat().st_size for p in out.iterdir()), (out / "openvino_model.bin").stat().st_size
 
 
-def test_full_disk(small_disk, tiny_model, tmp_path):
-    total, graph = _artifact_sizes(tiny_model, tmp_path)
+def test_full_disk(small_disk, tiny_model, artifact_sizes):
+    total, graph = artifact_sizes
     disk = small_disk(graph // 4)  # too small for optimum-intel's own files
     out = disk / "out"
     proc = _export(tiny_model("llama"), out, "--quiet")
@@ -235,10 +236,10 @@ def test_full_disk(small_disk, tiny_model, tmp_path):
     assert list(disk.iterdir()) == []  # no artifact, no staging directory
 
 
-def test_weights_are_written_once(small_disk, tiny_model, tmp_path):
+def test_weights_are_written_once(small_disk, tiny_model, artifact_sizes):
     """A disk with room for one artifact and half a graph more is enough: optimum-intel writes the weights and
     the export adds the manifest to the XML (the graph used to be saved a second time after validation)."""
-    total, graph = _artifact_sizes(tiny_model, tmp_path)
+    total, graph = artifact_sizes
     disk = small_disk(total + graph // 2)
     proc = _export(tiny_model("llama"), disk / "out", "--quiet")
     assert proc.returncode == 0, proc.stderr[-3000:]

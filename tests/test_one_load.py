@@ -58,9 +58,12 @@ def _counted_export(model: Path, out: Path, **options) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-@pytest.mark.parametrize("options", [{}, {"weight_format": "fp16"}, {"weight_format": "int8"},
-                                     {"shape_mode": "static", "max_cache_len": 48, "static_query_len": 4}],
-                         ids=["default", "fp16", "int8", "static"])
+@pytest.mark.parametrize("options", [
+    pytest.param({}, marks=pytest.mark.slow, id="default"),  # an fp16 checkpoint loads in fp16 as with fp16
+    pytest.param({"weight_format": "fp16"}, id="fp16"),
+    pytest.param({"weight_format": "int8"}, id="int8"),
+    pytest.param({"shape_mode": "static", "max_cache_len": 48, "static_query_len": 4}, id="static"),
+])
 def test_an_export_loads_the_weights_once_in_optimum_intels_dtype(fp16_model, tmp_path, options):
     result = _counted_export(fp16_model, tmp_path / "ov", **options)
     assert result["loads"] == ["torch.float16"], result  # one load, 16-bit as optimum-intel loads it

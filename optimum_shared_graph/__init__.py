@@ -10,7 +10,7 @@ optimum-cli hook) loads nothing heavy. Where things live (docs/design.md has the
 - `quantization`: calibration on both stages, and on a static graph's own calls;
 - `runtimes`: `runtime()`, its provider registry, the OpenVINO provider and the sessions;
 - `graph`: transforms of OpenVINO graphs;
-- leaves: `errors`, `options`, `manifest`, `tasks`, `registration`, `progress`.
+- leaves: `errors`, `options`, `manifest` (and `verified`, its cache of verified files), `tasks`, `registration`, `progress`.
 """
 
 from __future__ import annotations

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import time
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from .errors import ManifestError
+from . import verified
+from .errors import InvalidOptionsError, ManifestError
 from .tasks import TASK, VLM_TASK
 
 MANIFEST_NAME = "shared_graph.json"
@@ -20,6 +23,9 @@ GRAPH_BIN = "openvino_model.bin"
 STATIC_GRAPH_XML = "openvino_static_model.xml"
 STATIC_GRAPH_BIN = "openvino_static_model.bin"
 RT_INFO_KEY = "shared_graph"
+# `full` makes every default check (`read_manifest()`, `runtime()`) hash every graph file.
+VERIFY_ENV = "OPTIMUM_SHARED_GRAPH_VERIFY"
+VERIFY_MODES = ("cached", "full")
 
 _VERSIONED = ("optimum-shared-graph", "optimum-intel", "optimum", "transformers", "torch", "openvino", "nncf")
 
@@ -241,21 +247,69 @@ def build_manifest(
     )
 
 
-def hash_graph_files(directory: Path, names: list[str]) -> dict[str, str]:
-    return {name: sha256_file(Path(directory) / name) for name in names}
+def hash_graph_files(directory: Path, names: list[str], *, remember: bool = False) -> dict[str, str]:
+    """The sha256 of each named file in `directory`.
+
+    Args:
+        directory: the artifact directory.
+        names: the graph files to hash.
+        remember: record the digests in this machine's cache of verified files (the export, for the files
+            it has just written), so the first load after the export does not hash them again.
+    """
+    directory = Path(directory)
+    if not remember or not verified.supported():
+        return {name: sha256_file(directory / name) for name in names}
+    known = verified.VerifiedFiles()
+    digests = {}
+    for name in names:
+        target = (directory / name).resolve()
+        before = verified.FileIdentity.of(target)
+        digests[name] = sha256_file(target)
+        if verified.FileIdentity.of(target) == before:
+            known.remember(target, before, digests[name], hash_started_ns=None)
+    known.save()
+    return digests
 
 
-def read_manifest(directory: str | Path, *, verify: bool = True) -> Manifest:
+def verify_mode(verify: bool | str = True) -> str | None:
+    """What a `verify` argument asks for: `"cached"`, `"full"`, or None (no check of the graph files).
+
+    `True` is `"cached"`, or `"full"` when the environment variable `OPTIMUM_SHARED_GRAPH_VERIFY` is `full`.
+
+    Raises:
+        InvalidOptionsError: an unknown value, in the argument or the environment variable.
+    """
+    if verify is False:
+        return None
+    if verify is True:
+        env = os.environ.get(VERIFY_ENV, "").strip().lower()
+        if env and env not in VERIFY_MODES:
+            raise InvalidOptionsError(
+                f"{VERIFY_ENV}={os.environ[VERIFY_ENV]!r} is not one of {', '.join(VERIFY_MODES)}: "
+                "set it to full (hash every graph file at every load) or unset it"
+            )
+        return env or "cached"
+    if verify not in VERIFY_MODES:
+        raise InvalidOptionsError(f"verify={verify!r} is not True, False, 'cached' or 'full': pass one of them")
+    return str(verify)
+
+
+def read_manifest(directory: str | Path, *, verify: bool | str = True) -> Manifest:
     """Read `shared_graph.json` from an artifact directory and check it.
 
     Args:
         directory: the artifact directory.
-        verify: also check that every listed file stays inside the directory and matches its sha256.
+        verify: check that every listed file stays inside the directory and matches its sha256.
+            `True` (the default) or `"cached"`: a file verified before on this machine and unchanged since
+            (same inode, size, modification and change times) is not hashed again; `"full"`: hash every
+            file (also what `True` means when `OPTIMUM_SHARED_GRAPH_VERIFY=full`); `False`: read only.
 
     Raises:
         ManifestError: missing, unreadable, newer schema, a file outside the directory, a missing
             file, or a sha256 mismatch.
+        InvalidOptionsError: an unknown `verify` value.
     """
+    mode = verify_mode(verify)
     directory = Path(directory)
     path = directory / MANIFEST_NAME
     if not directory.is_dir():
@@ -272,15 +326,31 @@ def read_manifest(directory: str | Path, *, verify: bool = True) -> Manifest:
     if not isinstance(data, dict):
         raise ManifestError(f"{path} is not a JSON object: re-export the model")
     manifest = Manifest.from_dict(data, path=path)
-    if verify:
-        verify_files(directory, manifest)
+    if mode is not None:
+        verify_files(directory, manifest, mode=mode)
     return manifest
 
 
-def verify_files(directory: Path, manifest: Manifest) -> None:
-    root = directory.resolve()
+def verify_files(directory: Path, manifest: Manifest, *, mode: str = "cached") -> list[str]:
+    """Check that every graph file listed in `manifest` is inside `directory` and matches its sha256.
+
+    Args:
+        directory: the artifact directory.
+        manifest: its manifest.
+        mode: `"cached"` skips the files this machine verified before and that are unchanged since, and
+            remembers the ones it hashes; `"full"` hashes every file and leaves the cache alone.
+
+    Returns:
+        The names of the files hashed (the others matched a remembered digest).
+
+    Raises:
+        ManifestError: a file outside the directory, a missing file, or a sha256 mismatch.
+    """
+    root = Path(directory).resolve()
     if not isinstance(manifest.files, dict) or not manifest.files:
         raise ManifestError(f"{manifest.path} lists no graph files: re-export the model")
+    known = verified.VerifiedFiles() if mode == "cached" and verified.supported() else None
+    hashed = []
     for name, digest in manifest.files.items():
         target = (root / name).resolve()
         if target.parent != root and root not in target.parents:
@@ -289,7 +359,20 @@ def verify_files(directory: Path, manifest: Manifest) -> None:
             )
         if not target.is_file():
             raise ManifestError(f"{name} listed in {manifest.path} is missing: re-export the model")
+        try:
+            before = verified.FileIdentity.of(target) if known is not None else None
+        except OSError:
+            raise ManifestError(f"{name} listed in {manifest.path} is missing: re-export the model") from None
+        if known is not None and known.digest(target, before) == digest:
+            continue
+        started = time.time_ns()
+        hashed.append(name)
         if sha256_file(target) != digest:
             raise ManifestError(
                 f"{name} does not match the sha256 in {manifest.path}: the file changed after export; re-export the model"
             )
+        if known is not None and verified.FileIdentity.of(target) == before:
+            known.remember(target, before, digest, hash_started_ns=started)
+    if known is not None:
+        known.save()
+    return hashed

@@ -35,6 +35,16 @@ PROMPTS = [
 ]
 
 
+@pytest.fixture(scope="session", autouse=True)
+def verified_files_cache(tmp_path_factory) -> Path:
+    """The tests' own cache of verified graph files (exports record theirs there), not the user's."""
+    from optimum_shared_graph.verified import CACHE_DIR_ENV
+
+    path = tmp_path_factory.mktemp("verified-files")
+    os.environ[CACHE_DIR_ENV] = str(path)  # inherited by the optimum-cli subprocesses too
+    return path
+
+
 @pytest.fixture(scope="session")
 def models_dir(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("models")

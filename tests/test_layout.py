@@ -10,7 +10,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "optimum_shared_graph"
 
 # Each layer may import its own layer and the ones below, never one above (docs/design.md draws it).
 LAYERS = [
-    {"errors", "tasks", "options", "manifest", "registration", "progress"},  # leaves
+    {"errors", "tasks", "options", "manifest", "verified", "registration", "progress"},  # leaves
     {"graph"},  # transforms of OpenVINO graphs
     {"runtimes"},  # runtime(), providers, the sessions that feed a graph
     {"quantization"},  # calibration on both stages and on static graphs

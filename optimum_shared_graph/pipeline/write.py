@@ -70,7 +70,8 @@ def exported_module(capture) -> dict:
 def write_artifact(raw: Path, final: Path, graphs: dict, manifest: Manifest) -> None:
     """Write the artifact into `final`: every file optimum-intel wrote into `raw`, the `graphs` (name ->
     `openvino.Model`, or None to read it from `raw`) with the manifest under `shared_graph` in their
-    rt_info, the sha256 of every graph file, and `shared_graph.json`."""
+    rt_info, the sha256 of every graph file (remembered in this machine's cache of verified files), and
+    `shared_graph.json`."""
     import openvino as ov
 
     graph_files = {n for name in graphs for n in (name, name[: -len(".xml")] + ".bin")}
@@ -91,7 +92,8 @@ def write_artifact(raw: Path, final: Path, graphs: dict, manifest: Manifest) -> 
         ov.save_model(graph, final / name, compress_to_fp16=False)
         del graph
     graphs.clear()
-    manifest.files = hash_graph_files(final, sorted(n for n in graph_files if (final / n).is_file()))
+    # Remembered as verified on this machine: the first load after the export does not hash them again.
+    manifest.files = hash_graph_files(final, sorted(n for n in graph_files if (final / n).is_file()), remember=True)
     manifest.write(final)
 
 

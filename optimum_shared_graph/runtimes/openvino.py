@@ -11,12 +11,16 @@ is optimum-intel's `OVModelForCausalLM` (so greedy, sampling, beam search, strea
 - on `logits=last` artifacts, assisted decoding is refused with one clear line;
 - `generate()` runs transformers' loop on one PyTorch thread (`torch_threads`): its tensor work per
   token is a few small operations, and PyTorch's worker threads otherwise compete for the cores with
-  OpenVINO's, which run the graph.
+  OpenVINO's, which run the graph;
+- concurrent callers: the model is compiled once, and each calling thread gets its own inference
+  request (so its own KV state) and its own generation bookkeeping, so `generate()` may be called from
+  several threads at once on one loaded model, the weights in memory once (the capability `concurrent`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +35,7 @@ class OpenVINOProvider:
     """Runs artifacts with OpenVINO Runtime, on any OpenVINO device."""
 
     name = "openvino"
-    capabilities = frozenset({"generation", "static", "stateless", "logits-all"})
+    capabilities = frozenset({"generation", "static", "stateless", "logits-all", "concurrent"})
 
     def load(self, path: str | Path, manifest: Manifest, *, device: str = "CPU", ov_config: dict | None = None,
              torch_threads: int | None = 1, **kwargs: Any):
@@ -90,15 +94,70 @@ class _CroppableCache(list):
         self._crop(self, int(length))
 
 
+class _PerThread:
+    """An attribute of the model with one value per calling thread.
+
+    optimum-intel keeps a generation's state on the model object: the inference request (which holds
+    the KV state of a stateful graph), the past length, the beam indices. Held per thread, concurrent
+    `generate()` calls from different threads each have their own, on the one compiled model.
+    """
+
+    def __init__(self, default=None):
+        self.default = default
+
+    def __set_name__(self, owner, name):
+        self.name = name
+
+    def __get__(self, obj, objtype=None):
+        if obj is None:
+            return self
+        return getattr(obj._per_thread, self.name, self.default)
+
+    def __set__(self, obj, value):
+        setattr(obj._per_thread, self.name, value)
+
+
 class _SharedGraphMixin:
     """What a `text-generation-shared` artifact adds to optimum-intel's `OVModelForCausalLM`."""
 
+    _past_length = _PerThread(0)
+    next_beam_idx = _PerThread(None)
+    _first_iter_beam_search = _PerThread(False)
+    _second_iter_beam_search = _PerThread(False)
+    _static_session = _PerThread(None)
+
     def __init__(self, *args, manifest: Manifest, torch_threads: int | None = 1, **kwargs):
+        self._per_thread = threading.local()
+        self._compiled = None
+        self._compile_lock = threading.Lock()
         self.manifest = manifest
         self.torch_threads = torch_threads
         self.is_static = manifest.shape_mode == "static"
-        self._static_session = None
         super().__init__(*args, **kwargs)
+
+    # ------------------------------------------------- one compiled model, one request per thread
+
+    @property
+    def request(self):
+        """This thread's inference request on the shared compiled model (created on first use)."""
+        request = getattr(self._per_thread, "request", None)
+        if request is None and self._compiled is not None:
+            request = self._per_thread.request = self._compiled.create_infer_request()
+        return request
+
+    @request.setter
+    def request(self, value):
+        # optimum-intel assigns the compiled model, then its request; None drops both (recompile).
+        import openvino as ov
+
+        if value is None:
+            self._compiled = None
+            self._per_thread = threading.local()
+        elif isinstance(value, ov.CompiledModel):
+            self._compiled = value
+            self._per_thread = threading.local()
+        else:
+            self._per_thread.request = value
 
     # ---------------------------------------------------------------- optimum-intel hooks, static-aware
 
@@ -113,16 +172,17 @@ class _SharedGraphMixin:
         return super().update_pkv_precision(force_fp32)
 
     def compile(self):
-        fresh = self.request is None
-        super().compile()
-        if self.is_static and (fresh or self._static_session is None):
+        with self._compile_lock:  # two first callers at once compile once
+            if self._compiled is None:
+                # optimum-intel's OVModel.compile(), keeping the compiled model rather than one request
+                self._compiled = self._compile_model(self.model, self._device, {**self.ov_config}, self.model_save_dir)
+        request = self.request
+        if self.is_static and (self._static_session is None or self._static_session.request is not request):
             generation_config = getattr(self, "generation_config", None)
             pad = generation_config.pad_token_id if generation_config is not None else None
             if isinstance(pad, list):
                 pad = pad[0]
-            self._static_session = StaticSession(
-                self.request.get_compiled_model(), pad_token_id=pad or 0, request=self.request
-            )
+            self._static_session = StaticSession(self._compiled, pad_token_id=pad or 0, request=request)
 
     @property
     def static_session(self):
@@ -206,20 +266,41 @@ class _SharedGraphMixin:
                 cache[i] = tuple(np.ascontiguousarray(t[..., :length, :]) for t in layer)
 
 
-@contextlib.contextmanager
-def _torch_threads(count: int | None):
-    """PyTorch's intra-op thread count set to `count` while active (`None`: unchanged)."""
-    import torch
+class _TorchThreads:
+    """PyTorch's intra-op thread count held at a value while any `generate()` call runs.
 
-    before = torch.get_num_threads()
-    if count is None or count == before:
-        yield
-        return
-    torch.set_num_threads(count)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
+    The count is process-wide, so concurrent calls share one setting: the first call in sets it, the
+    last one out restores what it was. (Calls asking for different counts at once get the first's.)
+    """
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._active = 0
+        self._before: int | None = None
+
+    @contextlib.contextmanager
+    def __call__(self, count: int | None):
+        if count is None:
+            yield
+            return
+        import torch
+
+        with self._lock:
+            if self._active == 0:
+                self._before = torch.get_num_threads()
+                if self._before != count:
+                    torch.set_num_threads(count)
+            self._active += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._active -= 1
+                if self._active == 0 and torch.get_num_threads() != self._before:
+                    torch.set_num_threads(self._before)
+
+
+_torch_threads = _TorchThreads()
 
 
 def _state_sequence_axes(model) -> dict[str, int]:

@@ -13,6 +13,7 @@ cover all of it. So a provider that does not flag `generation` is never given a 
 
 from __future__ import annotations
 
+import functools
 import importlib.metadata
 import os
 import threading
@@ -27,8 +28,9 @@ GROUP = "optimum_shared_graph.runtimes"
 
 # What a provider can declare. `generation`: runs the decoder graph token by token for generate();
 # `static`: static-shape graphs; `stateless`: KV cache as graph inputs/outputs; `logits-all`:
-# graphs with logits for every position (assisted decoding).
-CAPABILITIES = ("generation", "static", "stateless", "logits-all")
+# graphs with logits for every position (assisted decoding); `concurrent`: its model's generate() may
+# be called from several threads at once (without it, runtime() makes the calls take turns).
+CAPABILITIES = ("generation", "static", "stateless", "logits-all", "concurrent")
 
 
 @dataclass(frozen=True)
@@ -157,7 +159,9 @@ def runtime(path: str | os.PathLike, device: str = "CPU", *, provider: str | Non
 
     Returns:
         What the provider returns; the built-in OpenVINO provider returns a model with transformers'
-        `generate()` API.
+        `generate()` API, which several threads may call at once (one compiled model; each calling
+        thread has its own inference request and KV state). A provider that does not declare the
+        `concurrent` capability gets its model's `generate()` calls made one at a time.
 
     Raises:
         ManifestError: the manifest is missing, corrupt, from a newer schema, names a file outside the
@@ -172,7 +176,39 @@ def runtime(path: str | os.PathLike, device: str = "CPU", *, provider: str | Non
     path = Path(path)
     manifest = read_manifest(path)
     chosen = REGISTRY.select(manifest, name=provider)
-    return chosen.plugin.load(path, manifest, device=device, **options)
+    model = chosen.plugin.load(path, manifest, device=device, **options)
+    if "concurrent" not in chosen.capabilities:
+        model = _one_call_at_a_time(model)
+    return model
+
+
+def _one_call_at_a_time(model: Any) -> Any:
+    """`model` with its `generate()` calls serialised (for a provider that does not declare `concurrent`)."""
+    generate = getattr(model, "generate", None)
+    if not callable(generate):
+        return model
+    lock = threading.Lock()
+
+    @functools.wraps(generate)
+    def serialised(*args, **kwargs):
+        with lock:
+            return generate(*args, **kwargs)
+
+    try:
+        model.generate = serialised
+    except (AttributeError, TypeError):  # an object that takes no attributes: wrap it instead
+        return _Serialised(model, serialised)
+    return model
+
+
+class _Serialised:
+    """A model whose `generate()` is serialised; every other attribute is the model's own."""
+
+    def __init__(self, model: Any, generate: Any):
+        self.__dict__.update(_model=model, generate=generate)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._model, name)
 
 
 def installed_providers() -> list[Provider]:

@@ -15,6 +15,16 @@ from optimum_shared_graph.manifest import sha256_file
 
 NEW_TOKENS = 12
 
+# The default run covers one architecture per family of cache layout and generation class (llama:
+# the common case; qwen2: grouped KV heads with bias; phi3: optimum-intel's own model class; gpt2:
+# fused QKV, Conv1D; bloom: ALiBi and its own beam reordering); `pytest -m slow` runs every one.
+# The `--logits all` slice is architecture-independent past the decoder: three suffice by default.
+
+
+def every_architecture(default_run: set[str]) -> list:
+    """Every architecture as a parameter, those outside `default_run` marked slow."""
+    return [pytest.param(a, marks=() if a in default_run else pytest.mark.slow) for a in ARCHITECTURES]
+
 
 @pytest.fixture(scope="module")
 def exported(tiny_model, tmp_path_factory):
@@ -39,7 +49,7 @@ def _greedy(model, enc):
     return model.generate(**enc, max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, do_sample=False, pad_token_id=0)
 
 
-@pytest.mark.parametrize("model_type", ARCHITECTURES)
+@pytest.mark.parametrize("model_type", every_architecture({"llama", "qwen2", "phi3", "gpt2", "bloom"}))
 def test_one_graph_and_parity(model_type, tiny_model, exported):
     import openvino as ov
     import openvino_genai as ov_genai
@@ -83,7 +93,7 @@ def test_one_graph_and_parity(model_type, tiny_model, exported):
         assert ours == ref, prompt
 
 
-@pytest.mark.parametrize("model_type", ARCHITECTURES)
+@pytest.mark.parametrize("model_type", every_architecture({"llama", "gpt2", "bloom"}))
 def test_logits_all_keeps_every_position(model_type, tiny_model, exported):
     import openvino as ov
     from optimum.intel import OVModelForCausalLM

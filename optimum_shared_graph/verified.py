@@ -67,15 +67,17 @@ def supported() -> bool:
     return os.name == "posix"
 
 
-def cache_dir() -> Path:
+def cache_dir() -> Path | None:
     """Where the cache lives: `$OPTIMUM_SHARED_GRAPH_CACHE_DIR`, else `$XDG_CACHE_HOME/optimum_shared_graph`,
-    else `~/.cache/optimum_shared_graph`."""
+    else `~/.cache/optimum_shared_graph`; None when there is no home directory to put it in."""
     chosen = os.environ.get(CACHE_DIR_ENV)
     if chosen:
         return Path(chosen)
     xdg = os.environ.get("XDG_CACHE_HOME")
-    base = Path(xdg) if xdg and os.path.isabs(xdg) else Path.home() / ".cache"
-    return base / "optimum_shared_graph"
+    if xdg and os.path.isabs(xdg):
+        return Path(xdg) / "optimum_shared_graph"
+    home = os.path.expanduser("~")
+    return Path(home) / ".cache" / "optimum_shared_graph" if os.path.isabs(home) else None
 
 
 def _valid_entry(entry: Any) -> bool:
@@ -110,8 +112,9 @@ class VerifiedFiles:
     """
 
     def __init__(self, directory: Path | None = None):
-        self.path = (directory if directory is not None else cache_dir()) / CACHE_FILE
-        self._entries = _read(self.path) if supported() else {}
+        directory = directory if directory is not None else cache_dir()
+        self.path = directory / CACHE_FILE if directory is not None and supported() else None
+        self._entries = _read(self.path) if self.path is not None else {}
         self._changed: set[str] = set()
 
     def __len__(self) -> int:
@@ -138,7 +141,7 @@ class VerifiedFiles:
             hash_started_ns: when the hash began (`time.time_ns()`): a file changed less than `SETTLED_NS`
                 before is not remembered. None for files this process has just written itself.
         """
-        if not supported():
+        if self.path is None:
             return False
         if hash_started_ns is not None and identity.ctime_ns + SETTLED_NS > hash_started_ns:
             return False
@@ -157,6 +160,8 @@ class VerifiedFiles:
         """
         if not self._changed:
             return True
+        if self.path is None:
+            return False
         merged = _read(self.path)
         merged.update({k: self._entries[k] for k in self._changed})
         now = time.time_ns()

@@ -1,0 +1,287 @@
+"""Load time of `optimum_shared_graph.runtime(path)` against `OVModelForCausalLM.from_pretrained(path)` on
+existing artifacts, each load in a fresh process, and the page `docs/benchmarks-load.md`.
+
+A load is timed from the call until it returns the compiled model (read the manifest and check the graph
+files, read the graph, compile it), with the same `ov_config` for both; imports are done before the clock
+starts. Rows, for `runtime()`:
+
+- warm: the graph files were verified before on this machine (the cache of verified files holds them);
+- cold: the cache is empty, as at the first load of a copied artifact (the load hashes every graph file);
+- full: `OPTIMUM_SHARED_GRAPH_VERIFY=full`, every graph file hashed at every load (the behaviour before the cache).
+
+Each round runs every row once, in a rotated order; the page gives medians and per-round paired ratios.
+
+Usage:
+    python benchmarks/load_time.py                       # both shapes, 5 rounds, writes docs/benchmarks-load.md
+    python benchmarks/load_time.py --rounds 3 --shape qwen2-0.5b=/path/to/artifact
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import resource
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(1, str(HERE.parent))  # the source tree, as in the children
+
+import children  # noqa: E402
+
+DEFAULT_SHAPES = {
+    "qwen2-0.5b": Path("/work/bench/artifacts/qwen2-0.5b/shared"),
+    "qwen3-4b": Path("/work/bench/artifacts/qwen3-4b/shared"),
+}
+OV_CONFIG = {"PERFORMANCE_HINT": "LATENCY"}  # optimum-intel's own default, given to both explicitly
+ROWS = ("optimum-intel", "warm", "cold", "full")
+LABELS = {
+    "optimum-intel": "`OVModelForCausalLM.from_pretrained(path)`",
+    "warm": "`runtime(path)`, warm (verified before)",
+    "cold": "`runtime(path)`, cold (cache empty: first load of a copy)",
+    "full": "`runtime(path)`, full check (`OPTIMUM_SHARED_GRAPH_VERIFY=full`)",
+}
+
+
+# ------------------------------------------------------------------------------------------ child
+
+
+def child(row: str, path: str, cache_dir: str) -> int:
+    """Load `path` as `row` says, print {"load_s": wall seconds, "cpu_s": CPU seconds of every thread}."""
+    os.environ["OPTIMUM_SHARED_GRAPH_CACHE_DIR"] = cache_dir
+    if row == "full":
+        os.environ["OPTIMUM_SHARED_GRAPH_VERIFY"] = "full"
+    else:
+        os.environ.pop("OPTIMUM_SHARED_GRAPH_VERIFY", None)
+    import openvino  # noqa: F401
+    import transformers  # noqa: F401
+    from optimum.intel import OVModelForCausalLM
+
+    import optimum_shared_graph as osg
+    import optimum_shared_graph.runtimes.openvino  # noqa: F401  (the provider's module, imported by both)
+
+    cpu = resource.getrusage(resource.RUSAGE_SELF)
+    start = time.perf_counter()
+    if row == "optimum-intel":
+        model = OVModelForCausalLM.from_pretrained(path, device="CPU", ov_config=dict(OV_CONFIG))
+    else:
+        model = osg.runtime(path, device="CPU", ov_config=dict(OV_CONFIG))
+    load_s = time.perf_counter() - start
+    after = resource.getrusage(resource.RUSAGE_SELF)
+    cpu_s = (after.ru_utime - cpu.ru_utime) + (after.ru_stime - cpu.ru_stime)
+    if getattr(model, "request", None) is None:
+        raise SystemExit("the model was not compiled at load")
+    print(json.dumps({"load_s": load_s, "cpu_s": cpu_s}))
+    return 0
+
+
+# ----------------------------------------------------------------------------------------- parent
+
+
+def resident(path: Path) -> str:
+    """How much of `path` is in the page cache, from util-linux's `fincore` ("unknown" without it)."""
+    try:
+        out = subprocess.run(["fincore", "--bytes", "--noheadings", "--output", "RES,SIZE", str(path)],
+                             capture_output=True, text=True, timeout=60).stdout.split()
+        res, size = int(out[0]), int(out[1])
+    except (OSError, ValueError, IndexError, subprocess.TimeoutExpired):
+        return "unknown"
+    return f"{100 * res / size:.0f}% of {size / 1e9:.2f} GB"
+
+
+def load_once(row: str, path: Path, cache_dir: Path) -> dict[str, float]:
+    result = children.run_child(children.python("load_time.py", "--child", row, str(path), str(cache_dir)),
+                                timeout=1800)
+    if result.returncode != 0:
+        raise SystemExit(f"{row} load of {path} failed: {result.error_line()}")
+    answer = result.json()
+    return {"load_s": float(answer["load_s"]), "cpu_s": float(answer["cpu_s"])}
+
+
+def measure(name: str, path: Path, rounds: int, work: Path, log) -> dict:
+    """Interleaved rounds of every row on one artifact."""
+    from optimum_shared_graph.manifest import read_manifest
+
+    manifest = read_manifest(path, verify=False)
+    graph_bytes = sum((path / f).stat().st_size for f in manifest.files)
+    warm = work / f"{name}-warm"
+    os.environ["OPTIMUM_SHARED_GRAPH_CACHE_DIR"] = str(warm)
+    os.environ.pop("OPTIMUM_SHARED_GRAPH_VERIFY", None)
+    log(f"{name}: priming the warm cache (one full check) and the page cache (one optimum-intel load)")
+    read_manifest(path)  # hashes once and remembers: the warm rows then find every file verified
+    load_once("optimum-intel", path, warm)  # brings the weights into the page cache; not counted
+    before = resident(path / "openvino_model.bin")
+    times: dict[str, list[dict[str, float]]] = {row: [] for row in ROWS}
+    for r in range(rounds):
+        order = ROWS[r % len(ROWS):] + ROWS[: r % len(ROWS)]
+        for row in order:
+            cache = warm
+            if row == "cold":
+                cache = work / f"{name}-cold-{r}"
+                shutil.rmtree(cache, ignore_errors=True)
+            times[row].append(load_once(row, path, cache))
+        log(f"{name} round {r + 1}/{rounds}: " + ", ".join(
+            f"{row} {times[row][-1]['load_s']:.2f} s (CPU {times[row][-1]['cpu_s']:.2f} s)" for row in ROWS))
+    after = resident(path / "openvino_model.bin")
+    return {
+        "path": str(path), "graph_bytes": graph_bytes, "model": _shape(path), "times": times,
+        "page_cache_before": before, "page_cache_after": after,
+    }
+
+
+def machine() -> dict:
+    """The CPU model, the CPUs and the memory of this machine."""
+    info: dict = {"nproc": os.cpu_count()}
+    try:
+        lscpu = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=30).stdout
+        info.update((k.strip(), v.strip()) for k, _, v in (ln.partition(":") for ln in lscpu.splitlines())
+                    if k.strip() == "Model name")
+    except (OSError, subprocess.TimeoutExpired):
+        pass
+    info["ram_gb"] = round(int(Path("/proc/meminfo").read_text().split()[1]) / 2**20, 1)
+    return info
+
+
+def versions() -> dict:
+    """The versions of the packages a load runs, and the commit measured."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    out: dict = {}
+    for name in ("openvino", "optimum-intel", "optimum", "transformers", "torch", "optimum-shared-graph"):
+        try:
+            out[name] = version(name)
+        except PackageNotFoundError:
+            out[name] = None
+    git = subprocess.run(["git", "-C", str(HERE.parent), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    out["optimum-shared-graph commit"] = git.stdout.strip() or None
+    out["python"] = sys.version.split()[0]
+    return out
+
+
+def _shape(path: Path) -> dict:
+    config = json.loads((path / "config.json").read_text())
+    keys = ("model_type", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+            "vocab_size", "torch_dtype", "dtype")
+    return {k: config[k] for k in keys if k in config}
+
+
+def ratio_rows(times: dict[str, list[dict[str, float]]], key: str = "load_s") -> list[tuple[str, float, float, list[float]]]:
+    """(row, median of `key`, median ratio to optimum-intel, per-round paired ratios)."""
+    base = [t[key] for t in times["optimum-intel"]]
+    out = []
+    for row in ROWS:
+        values = [t[key] for t in times[row]]
+        paired = [v / b for v, b in zip(values, base)]
+        out.append((row, statistics.median(values), statistics.median(paired), paired))
+    return out
+
+
+def render(results: dict) -> str:
+    lines = ["# Load time: `runtime()` against `OVModelForCausalLM.from_pretrained`", ""]
+    add = lines.append
+    m = results["machine"]
+    add(f"Generated by `{results['command']}` on {results['date']} ({results['minutes']:.1f} min): "
+        f"{m.get('Model name', '?')}, {m.get('nproc')} CPUs, {m.get('ram_gb')} GB of memory. "
+        f"Load average {results['load_start']} at the start, {results['load_end']} at the end (the machine is shared).")
+    if results.get("note"):
+        add("")
+        add(f"Conditions: {results['note']}")
+    add("")
+    add("Each load runs in a fresh process and is timed from the call until the compiled model is returned "
+        "(the manifest read and its check of the graph files, the graph read, `compile_model`), with "
+        f"`ov_config={json.dumps(OV_CONFIG)}` for both; imports happen before the clock starts. The first "
+        "inference (where the CPU plugin repacks weights) is the same for both and not counted. "
+        f"{results['rounds']} rounds; each round runs every row once, in a rotated order. Ratios are to "
+        "`OVModelForCausalLM.from_pretrained` on the same artifact: the median of the per-round paired ratios. "
+        "CPU time is the loading process's own (every thread, user and system), which other processes on a shared "
+        "machine disturb less than the wall time.")
+    add("")
+    for name, r in results["shapes"].items():
+        shape = r["model"]
+        add(f"## {name}")
+        add("")
+        add(f"`{r['path']}`: {shape.get('model_type')}, hidden {shape.get('hidden_size')}, "
+            f"{shape.get('num_hidden_layers')} layers, {shape.get('num_attention_heads')} heads, "
+            f"{shape.get('num_key_value_heads')} KV heads, vocabulary {shape.get('vocab_size'):,}; "
+            f"graph files (`.xml` + `.bin`) {r['graph_bytes'] / 1e9:.2f} GB. "
+            f"The `.bin` in the page cache: {r['page_cache_before']} before the rounds (after one unmeasured load), "
+            f"{r['page_cache_after']} after.")
+        add("")
+        add("| load | wall, median | ratio to optimum-intel | per-round ratios | CPU time, median | CPU ratio |")
+        add("| --- | --- | --- | --- | --- | --- |")
+        for (row, med, ratio, paired), (_, cpu, cpu_ratio, _) in zip(ratio_rows(r["times"]), ratio_rows(r["times"], "cpu_s")):
+            add(f"| {LABELS[row]} | {med * 1000:,.0f} ms | {ratio:.2f}x | {', '.join(f'{p:.2f}' for p in paired)} "
+                f"| {cpu * 1000:,.0f} ms | {cpu_ratio:.2f}x |")
+        add("")
+    add("## Target")
+    add("")
+    add("| shape | figure | wall ratio | target | | CPU ratio |")
+    add("| --- | --- | --- | --- | --- | --- |")
+    for name, r in results["shapes"].items():
+        warm = next(ratio for row, _, ratio, _ in ratio_rows(r["times"]) if row == "warm")
+        cpu = next(ratio for row, _, ratio, _ in ratio_rows(r["times"], "cpu_s") if row == "warm")
+        add(f"| {name} | `runtime()` warm / `OVModelForCausalLM` | {warm:.2f}x | <= 1.10x | "
+            f"{'met' if warm <= 1.10 else '**not met**'} | {cpu:.2f}x |")
+    add("")
+    add("A cold load hashes every graph file once (sha256, one core) and remembers it; a warm one reads the "
+        "cache of verified files and compares each file's identity. [The runtime](runtime.md#what-it-checks) "
+        "says what is remembered and how a changed file is still caught.")
+    add("")
+    add("Rerun (about 15 minutes with both shapes on this machine; nothing is exported, the artifacts must exist):")
+    add("")
+    add("```bash")
+    add("python benchmarks/load_time.py --rounds 5 \\")
+    add("    --shape qwen2-0.5b=/work/bench/artifacts/qwen2-0.5b/shared --shape qwen3-4b=/work/bench/artifacts/qwen3-4b/shared")
+    add("```")
+    add("")
+    v = results["versions"]
+    add("Versions: " + ", ".join(f"{k} {val}" for k, val in v.items() if val) + ".")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--child"]:
+        return child(*argv[1:4])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--shape", action="append", metavar="NAME=ARTIFACT",
+                        help="an artifact to measure (repeatable); default: the Qwen2-0.5B and Qwen3-4B shapes")
+    parser.add_argument("--out", type=Path, default=HERE.parent / "docs" / "benchmarks-load.md")
+    parser.add_argument("--note", default="", help="the run's conditions, printed on the page (what else ran)")
+    args = parser.parse_args(argv)
+    shapes = dict(s.split("=", 1) for s in args.shape) if args.shape else DEFAULT_SHAPES
+    shapes = {k: Path(v) for k, v in shapes.items()}
+    for name, path in shapes.items():
+        if not (path / "shared_graph.json").is_file():
+            parser.error(f"{name}: {path} is not a text-generation-shared artifact: export it first")
+    started = time.time()
+    load_start = " ".join(f"{x:.2f}" for x in os.getloadavg())
+
+    def log(text: str) -> None:
+        print(f"[{time.time() - started:6.0f} s] {text}", file=sys.stderr, flush=True)
+
+    with tempfile.TemporaryDirectory(prefix="load-time-") as work:
+        measured = {name: measure(name, path, args.rounds, Path(work), log) for name, path in shapes.items()}
+    results = {
+        "command": "python benchmarks/load_time.py " + " ".join(argv) if argv else "python benchmarks/load_time.py",
+        "date": datetime.date.today().isoformat(), "minutes": (time.time() - started) / 60,
+        "load_start": load_start, "load_end": " ".join(f"{x:.2f}" for x in os.getloadavg()),
+        "rounds": args.rounds, "note": args.note, "machine": machine(), "versions": versions(), "shapes": measured,
+    }
+    args.out.write_text(render(results))
+    (Path(tempfile.gettempdir()) / "load-time-results.json").write_text(json.dumps(results, indent=1))
+    log(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import shutil
 import statistics
 import sys
@@ -31,6 +30,7 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 
 import children  # noqa: E402
+import context  # noqa: E402
 import models  # noqa: E402
 import report  # noqa: E402
 
@@ -328,42 +328,6 @@ def summarize(rounds: list[dict], prompt_lens: list[int]) -> dict:
     return out
 
 
-def machine() -> dict:
-    import subprocess
-
-    info: dict = {"nproc": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version()}
-    try:
-        lscpu = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
-        for line in lscpu.splitlines():
-            key, _, value = line.partition(":")
-            if key.strip() in ("Model name", "CPU(s)", "Thread(s) per core", "L3 cache", "Hypervisor vendor"):
-                info[key.strip()] = value.strip()
-        flags = next((ln for ln in lscpu.splitlines() if ln.startswith("Flags")), "")
-        info["isa"] = [f for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "avx512_vnni") if f in flags.split()]
-    except OSError:
-        pass
-    mem = Path("/proc/meminfo").read_text().splitlines()[0].split()
-    info["ram_gb"] = round(int(mem[1]) / 2**20, 1)
-    return info
-
-
-def versions() -> dict:
-    from importlib.metadata import PackageNotFoundError, version
-
-    out = {}
-    for name in ("openvino", "openvino-genai", "openvino-tokenizers", "optimum-intel", "optimum", "transformers",
-                 "torch", "nncf", "numpy", "optimum-shared-graph"):
-        try:
-            out[name] = version(name)
-        except PackageNotFoundError:
-            out[name] = None
-    import subprocess
-
-    git = subprocess.run(["git", "-C", str(HERE.parent), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
-    out["optimum-shared-graph commit"] = git.stdout.strip() or None
-    return out
-
-
 def parse_args(argv: list[str] | None):
     parser = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -431,7 +395,7 @@ def main(argv: list[str] | None = None) -> int:
     total = sum(1 + (args.export_reps + args.rounds) * len([a for a in p.artifacts if ARTIFACTS[a].graphs])
                 + (p.rounds or args.rounds) * len(p.rows) for p in todo) + 1
     progress = Progress(total, enabled=not args.quiet and sys.stderr.isatty())
-    results: dict = {"suite": "quick" if args.quick else args.suite, "machine": machine(), "versions": versions(),
+    results: dict = {"suite": "quick" if args.quick else args.suite, "machine": context.machine(), "versions": context.versions(),
                      "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
                      "command": "python benchmarks/run.py " + " ".join(argv if argv is not None else sys.argv[1:]),
                      "models": {}, "loadavg_start": os.getloadavg(),

@@ -56,3 +56,24 @@ def test_export_killed_during_conversion_leaves_litter_the_next_export_removes(t
     subprocess.run(args, check=True, capture_output=True, timeout=600)
     assert (out / "shared_graph.json").is_file()
     assert not list(tmp_path.glob(".out.*")), list(tmp_path.iterdir())
+
+
+def test_a_staging_directory_that_cannot_be_locked_leaves_nothing(tmp_path, monkeypatch):
+    """A filesystem without `flock` (some network mounts): one clear error, and no `.starting` directory left."""
+    import errno
+    import fcntl
+
+    import pytest
+
+    from optimum_shared_graph.errors import SharedGraphError
+    from optimum_shared_graph.pipeline.convert import staging
+
+    def no_locks(fd, operation):
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(fcntl, "flock", no_locks)
+    with pytest.raises(SharedGraphError) as info:
+        with staging(tmp_path / "out"):
+            pass
+    assert "\n" not in str(info.value)
+    assert list(tmp_path.iterdir()) == []

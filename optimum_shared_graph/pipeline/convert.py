@@ -97,6 +97,7 @@ def staging(output: Path):
     import fcntl
     import tempfile
 
+    starting = lock = None
     try:
         output.parent.mkdir(parents=True, exist_ok=True)
         remove_dead_staging(output)
@@ -107,6 +108,10 @@ def staging(output: Path):
         directory = starting.with_suffix(".partial")
         os.rename(starting, directory)
     except OSError as err:
+        if lock is not None:
+            lock.close()
+        if starting is not None:
+            shutil.rmtree(starting, ignore_errors=True)  # no litter when the lock or the rename failed
         raise write_error(output.parent, err, disk_problem(output.parent, err)) from err
     try:
         with disk_errors_reported(output.parent):

@@ -185,7 +185,7 @@ def test_npu_pipeline_applies_the_chunking_properties(tiny_model, artifact):
     with pytest.raises(RuntimeError, match=r"chunk size \(12\) is not power of 2"):
         genai.LLMPipeline(path, "NPU", **NPUW, **{**CHUNKED, "NPUW_LLM_PREFILL_CHUNK_SIZE": 12})
     pipe = genai.LLMPipeline(path, "NPU", **NPUW, **CHUNKED)
-    with pytest.raises(RuntimeError, match="may only process prompts or hold chat history up to 64 tokens. 65 is passed"):
+    with pytest.raises(RuntimeError, match="may only process prompts or hold chat history up to 64 tokens. 65 is"):
         _genai_greedy(pipe, _prompts(tiny_model("llama"), [65]))
 
 
@@ -215,24 +215,39 @@ def _scheduler(prefix_caching: bool, max_batched_tokens: int):
 
 @pytest.fixture(scope="module")
 def alone(tiny_model, artifact):
-    """`LLMPipeline` (stateful, the whole prompt in one call) on each of the batching prompts, one at a time."""
+    """`alone(model_type, kind)` -> `LLMPipeline`'s answers (stateful, the whole prompt in one call) on each
+    of the batching prompts, one at a time."""
     import openvino_genai as genai
 
-    pipe = genai.LLMPipeline(str(artifact("llama", "shared")), "CPU", **EXACT)
-    return _genai_greedy(pipe, _cb_prompts(tiny_model("llama")))
+    done = {}
+
+    def get(model_type: str, kind: str = "shared"):
+        if (model_type, kind) not in done:
+            pipe = genai.LLMPipeline(str(artifact(model_type, kind)), "CPU", **EXACT)
+            done[(model_type, kind)] = _genai_greedy(pipe, _cb_prompts(tiny_model(model_type)))
+        return done[(model_type, kind)]
+
+    return get
+
+
+# llama's shared artifact by default; every architecture, and a `--logits all` artifact, under `-m slow`.
+CB_CASES = [("llama", "shared"),
+            *[pytest.param(a, "shared", marks=pytest.mark.slow) for a in ARCHITECTURES if a != "llama"],
+            pytest.param("llama", "shared-all", marks=pytest.mark.slow)]
 
 
 @pytest.mark.parametrize("prefix_caching", [False, True], ids=["prefix-caching-off", "prefix-caching-on"])
-def test_continuous_batching_matches_llm_pipeline_alone(prefix_caching, tiny_model, artifact, alone):
+@pytest.mark.parametrize("model_type,kind", CB_CASES)
+def test_continuous_batching_matches_llm_pipeline_alone(model_type, kind, prefix_caching, tiny_model, artifact, alone):
     """Twelve requests of 1 to 150 tokens submitted together: at least 8 of them in one inference, and
     every answer equal to LLMPipeline's on the prompt alone; then the same requests again (with prefix
     caching on, their KV blocks come from the cache)."""
     import openvino as ov
     import openvino_genai as genai
 
-    prompts = _cb_prompts(tiny_model("llama"))
+    prompts, expected = _cb_prompts(tiny_model(model_type)), alone(model_type, kind)
     config = genai.GenerationConfig(max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, ignore_eos=True)
-    pipe = genai.ContinuousBatchingPipeline(str(artifact("llama", "shared")), _scheduler(prefix_caching, 32), "CPU",
+    pipe = genai.ContinuousBatchingPipeline(str(artifact(model_type, kind)), _scheduler(prefix_caching, 32), "CPU",
                                             EXACT)
     handles = [pipe.add_request(i, ov.Tensor(p), config) for i, p in enumerate(prompts)]
     batched = []
@@ -240,10 +255,10 @@ def test_continuous_batching_matches_llm_pipeline_alone(prefix_caching, tiny_mod
         pipe.step()
         batched.append(pipe.get_metrics().scheduled_requests)
     assert max(batched) >= 8, batched
-    assert [list(h.read_all()[0].generated_ids) for h in handles] == alone
+    assert [list(h.read_all()[0].generated_ids) for h in handles] == expected
 
     again = pipe.generate([ov.Tensor(p) for p in prompts], [config] * len(prompts))
-    assert [list(r.m_generation_ids[0]) for r in again] == alone
+    assert [list(r.m_generation_ids[0]) for r in again] == expected
 
 
 def test_prefix_caching_reuses_the_shared_prefix(tiny_model, artifact, alone):
@@ -266,7 +281,7 @@ def test_prefix_caching_reuses_the_shared_prefix(tiny_model, artifact, alone):
                 count += 1
         steps[prefix_caching], answers[prefix_caching] = count, list(handle.read_all()[0].generated_ids)
     assert steps[True] < steps[False], steps
-    assert answers[True] == answers[False] == alone[-1][:4]
+    assert answers[True] == answers[False] == alone("llama")[-1][:4]
 
 
 # ---------------------------------------------------------------- static artifacts are refused at load

@@ -112,6 +112,10 @@ def test_entry_points_load_lazily_and_once(fake_providers, dynamic_artifact):
     osg.runtime(dynamic_artifact())
     _runtime.REGISTRY.load_entry_points()
     assert ep.loads == 1
+    late = _EntryPoint("late", _Recorder("generation"))
+    fake_providers.append(late)
+    osg.runtime(dynamic_artifact())
+    assert late.loads == 0  # the installed distributions are scanned once per process (or after clear())
 
 
 def test_provider_by_name_and_invalid_providers(fake_providers, dynamic_artifact):
@@ -120,6 +124,7 @@ def test_provider_by_name_and_invalid_providers(fake_providers, dynamic_artifact
     with pytest.raises(RuntimeSelectionError, match="no runtime provider named 'three'"):
         osg.runtime(dynamic_artifact(), provider="three")
     fake_providers.append(_EntryPoint("broken", object(), dist_name="broken-dist"))
+    _runtime.REGISTRY.clear()  # installed after the first scan: found in a fresh process
     with pytest.raises(RuntimeSelectionError, match=r"'broken' \(from broken-dist 1.0\) must declare `capabilities`"):
         osg.runtime(dynamic_artifact())
 
@@ -325,3 +330,12 @@ def test_generation_loop_runs_on_one_torch_thread_and_restores_it(dynamic_artifa
 def test_invalid_torch_threads_is_refused(dynamic_artifact):
     with pytest.raises(InvalidOptionsError, match="torch_threads must be 1 or more"):
         osg.runtime(dynamic_artifact(), torch_threads=0)
+
+
+def test_runtime_full_check_and_no_unchecked_load(artifact_copy):
+    model = osg.runtime(artifact_copy, verify="full")
+    assert model.manifest.partitioning == "shared"
+    with pytest.raises(InvalidOptionsError, match="runtime\\(\\) always checks the graph files"):
+        osg.runtime(artifact_copy, verify=False)
+    with pytest.raises(InvalidOptionsError):
+        osg.runtime(artifact_copy, verify="quick")

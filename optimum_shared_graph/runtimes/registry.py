@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..errors import RuntimeSelectionError
+from ..errors import InvalidOptionsError, RuntimeSelectionError
 from ..manifest import Manifest, read_manifest
 
 GROUP = "optimum_shared_graph.runtimes"
@@ -60,21 +60,25 @@ class ProviderRegistry:
     def __init__(self, group: str = GROUP):
         self.group = group
         self._providers: dict[str, Provider] = {}
+        self._scanned = False
         self._lock = threading.RLock()
 
     def load_entry_points(self) -> list[Provider]:
-        """Load the group's entry points not registered yet; return every registered provider. Idempotent."""
+        """Load the group's entry points (once: the installed distributions are scanned on the first call
+        only, which takes tens of milliseconds); return every registered provider."""
         with self._lock:
-            for ep in importlib.metadata.entry_points(group=self.group):
-                if ep.name in self._providers:
-                    continue
-                self.register(ep.name, ep.load(), distribution=_distribution(ep))
+            if not self._scanned:
+                for ep in importlib.metadata.entry_points(group=self.group):
+                    if ep.name not in self._providers:
+                        self.register(ep.name, ep.load(), distribution=_distribution(ep))
+                self._scanned = True
             return list(self._providers.values())
 
     def clear(self) -> None:
-        """Forget every registered provider: the entry points are loaded again on next use."""
+        """Forget every registered provider: the entry points are scanned and loaded again on next use."""
         with self._lock:
             self._providers.clear()
+            self._scanned = False
 
     def register(self, name: str, plugin: Any, *, distribution: str | None = None) -> Provider:
         """Register a provider object (or a class, instantiated without arguments) under `name`.
@@ -146,13 +150,16 @@ def _distribution(ep) -> str | None:
 REGISTRY = ProviderRegistry()
 
 
-def runtime(path: str | os.PathLike, device: str = "CPU", *, provider: str | None = None, **options: Any) -> Any:
+def runtime(path: str | os.PathLike, device: str = "CPU", *, provider: str | None = None, verify: bool | str = True,
+            **options: Any) -> Any:
     """Load an artifact with a runtime provider that can run it.
 
     Args:
         path: the artifact directory (the `OUT` of an export).
         device: the device to compile for (`"CPU"`, `"GPU"`, ...).
         provider: the name of the provider to use; `None` picks one that covers the artifact's `requires`.
+        verify: how the graph files' sha256 is checked (as in `read_manifest`): `True`/`"cached"` (a file
+            verified before on this machine and unchanged since is not hashed again) or `"full"`.
         **options: passed to the provider's `load()` (for the OpenVINO provider: `ov_config`, the
             OpenVINO compile properties, and `torch_threads`, the PyTorch threads `generate()` runs
             its loop on, default 1).
@@ -174,7 +181,9 @@ def runtime(path: str | os.PathLike, device: str = "CPU", *, provider: str | Non
         >>> model.generate(**tokenizer("Hello", return_tensors="pt"), max_new_tokens=8)  # doctest: +SKIP
     """
     path = Path(path)
-    manifest = read_manifest(path)
+    if verify is False:
+        raise InvalidOptionsError("runtime() always checks the graph files: pass verify='cached' or 'full'")
+    manifest = read_manifest(path, verify=verify)
     chosen = REGISTRY.select(manifest, name=provider)
     model = chosen.plugin.load(path, manifest, device=device, **options)
     if "concurrent" not in chosen.capabilities:

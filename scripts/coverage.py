@@ -41,6 +41,8 @@ ROOT = Path(__file__).resolve().parent.parent
 NEW_TOKENS = 12
 PROMPTS = ["hello", "The quick brown fox jumps over the lazy dog"]
 EXACT = {"KV_CACHE_PRECISION": "f32", "INFERENCE_PRECISION_HINT": "f32"}
+# GenAI's NPU pipeline (NPUW) with its partitions run on the CPU: the code path an NPU takes, runnable anywhere.
+NPUW = {"NPU_USE_NPUW": "YES", "NPUW_DEVICES": "CPU", "MAX_PROMPT_LEN": 64, "MIN_RESPONSE_LEN": 64}
 
 # Sorted by what a reader wants first: exported with full parity, then partial, then refused.
 PASS, PARTIAL, REFUSED, NOT_BUILDABLE = "exported, parity", "exported, partial", "refused", "not buildable"
@@ -193,6 +195,48 @@ def _genai_problem(out: Path, refs: list, label: str, **properties) -> str | Non
     return None
 
 
+def _npu_tokens(artifact: Path, refs: list) -> list[list[int]]:
+    """Greedy tokens of each reference prompt through GenAI's NPU pipeline (NPUW on the CPU)."""
+    import openvino as ov
+    import openvino_genai as ov_genai
+
+    pipe = ov_genai.LLMPipeline(str(artifact), "NPU", **NPUW)
+    config = ov_genai.GenerationConfig(max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, ignore_eos=True)
+    tokens = []
+    for enc, _, _ in refs:
+        inputs = ov_genai.TokenizedInputs(ov.Tensor(enc["input_ids"].numpy()), ov.Tensor(enc["attention_mask"].numpy()))
+        tokens.append(list(pipe.generate(inputs, config).tokens[0]))
+    return tokens
+
+
+def _npu(model_dir: Path, workdir: Path, out: Path, refs: list) -> str:
+    """The shared artifact through the NPU pipeline, judged against optimum-intel's own artifact of the same
+    model in the same run (NPUW computes in f16: a difference both artifacts share is NPUW's)."""
+    def attempt(artifact: Path):
+        try:
+            return _npu_tokens(artifact, refs), None
+        except Exception as err:  # noqa: BLE001
+            return None, re.sub(r"_\d+", "_N", f"{type(err).__name__}: {_first_line(err)}")
+
+    ours, our_error = attempt(out)
+    theirs_dir = workdir / "with-past"
+    code, stderr = _cli(["export", "openvino", "-m", str(model_dir), "--task", "text-generation-with-past", str(theirs_dir)])
+    theirs, their_error = attempt(theirs_dir) if code == 0 else (None, f"optimum-intel's export failed: {_error_line(stderr)}")
+    if our_error:
+        if their_error == our_error:
+            return f"NPUW runs neither artifact (optimum-intel's fails the same way): {our_error}"
+        return f"failed: {our_error}" + (f" (optimum-intel's artifact: {their_error})" if their_error else "")
+    problems = [_compare("NPUW", ref, scores, toks, enc["input_ids"].shape[1]) for (enc, ref, scores), toks in zip(refs, ours)]
+    if not any(problems):
+        return "parity"
+    first = next(p for p in problems if p)
+    if theirs is not None and theirs == ours:
+        return f"as optimum-intel's artifact, token for token (NPUW's f16): {first}"
+    if theirs is None:
+        return f"{first} (optimum-intel's artifact: {their_error})"
+    return f"differs from optimum-intel's artifact: {first}"
+
+
 def _validation_flip_evidence(model_dir: Path, reason: str) -> str:
     """For an export refused on a greedy flip: PyTorch's top-2 margin at that step of the validation prompt."""
     match = re.search(r"greedy token (\d+) differs", reason)
@@ -214,7 +258,7 @@ def _validation_flip_evidence(model_dir: Path, reason: str) -> str:
     return _near_tie(out.scores, step)
 
 
-def run_one(model_type: str, workdir: Path, *, static: bool = True) -> dict:
+def run_one(model_type: str, workdir: Path, *, static: bool = True, npu: bool = True) -> dict:
     """Build, export and check one model type; return its result row as a dict."""
     import transformers
 
@@ -261,6 +305,9 @@ def run_one(model_type: str, workdir: Path, *, static: bool = True) -> dict:
     t0 = time.monotonic()
     refs = _check_runtimes(model_dir, out, result)
     result["runtimes_seconds"] = round(time.monotonic() - t0, 1)
+    t0 = time.monotonic()
+    result["npu"] = _npu(model_dir, workdir, out, refs) if npu else "not run (--no-npu)"
+    result["npu_seconds"] = round(time.monotonic() - t0, 1)
     t0 = time.monotonic()
     result["static"] = _static(model_dir, workdir, refs) if static else "not run (--no-static)"
     result["static_seconds"] = round(time.monotonic() - t0, 1)
@@ -316,7 +363,7 @@ def _static(model_dir: Path, workdir: Path, refs: list) -> str:
 # ----------------------------------------------------------------------------------------------
 
 
-def _run_subprocess(model_type: str, timeout: int, python: str, static: bool) -> dict:
+def _run_subprocess(model_type: str, timeout: int, python: str, static: bool, npu: bool) -> dict:
     import transformers
 
     from optimum_shared_graph.testing import buildable_reason
@@ -327,7 +374,7 @@ def _run_subprocess(model_type: str, timeout: int, python: str, static: bool) ->
     with tempfile.TemporaryDirectory(prefix=f"osg-cov-{model_type}-") as tmp:
         result_file = Path(tmp) / "result.json"
         cmd = ["nice", "-n", "10", python, str(Path(__file__).resolve()), "--one", model_type,
-               "--workdir", tmp, "--result", str(result_file)] + ([] if static else ["--no-static"])
+               "--workdir", tmp, "--result", str(result_file)] + ([] if static else ["--no-static"]) + ([] if npu else ["--no-npu"])
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
                    TOKENIZERS_PARALLELISM="false", OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
         env.pop("OPTIMUM_SHARED_GRAPH_DEBUG", None)
@@ -394,7 +441,11 @@ def render(results: list[dict], *, seconds: float, versions: dict, python: str,
         f"- **OVModelForCausalLM**, **GenAI**: greedy generation of {NEW_TOKENS} tokens on {len(PROMPTS)} prompts, token for",
         "  token equal to PyTorch (`LLMPipeline` and `OVModelForCausalLM` with f32 inference precision);",
         "- **static**: `--shape-mode static --static-query-len 1 --max-cache-len 128`: its export validation, then the",
-        "  same greedy check through `optimum_shared_graph.runtime()`.",
+        "  same greedy check through `optimum_shared_graph.runtime()`;",
+        "- **NPU pipeline**: the same greedy check through OpenVINO GenAI's NPU pipeline with its partitions on the",
+        f"  CPU (`LLMPipeline(path, \"NPU\", {', '.join(f'{k}={v!r}' for k, v in NPUW.items())})`), which",
+        "  computes in f16, judged against optimum-intel's own `text-generation-with-past` artifact of the same model",
+        "  in the same run: a difference or a failure both artifacts share is NPUW's, and the cell says so.",
         "",
         "A greedy difference is reported with PyTorch's own top-2 logit margin at that step, to tell a rounding",
         "near-tie from a real error. Checks are never loosened for a model type.",
@@ -409,13 +460,21 @@ def render(results: list[dict], *, seconds: float, versions: dict, python: str,
         f"{counts[PARTIAL]} exported with a runtime difference, {counts[REFUSED]} refused, "
         f"{counts[NOT_BUILDABLE]} not buildable from a configuration (remote code or no causal LM class).",
     ]
+    npu = [r.get("npu") or "" for r in results if r["status"] in (PASS, PARTIAL) and not (r.get("npu") or "").startswith("not run")]
+    if npu:
+        same = sum(n.startswith("as optimum-intel's") for n in npu)
+        neither = sum(n.startswith("NPUW runs neither") for n in npu)
+        lines += ["", f"NPU pipeline (NPUW on the CPU), of the {len(npu)} exported types: {sum(n == 'parity' for n in npu)} with "
+                  f"parity, {same} with a difference optimum-intel's own artifact shares token for token, {neither} that "
+                  f"NPUW runs for neither artifact, {len(npu) - sum(n == 'parity' for n in npu) - same - neither} worse than "
+                  "optimum-intel's artifact."]
     if capped:
         lines += ["", "Exported despite an optimum-intel transformers version cap (validation passed under the installed "
                   f"transformers): {', '.join(capped)}."]
     if ssm:
         lines += ["", f"With state other than a KV cache (convolution and SSM states) in the one stateful graph: {', '.join(ssm)}."]
-    lines += ["", "| model type | status | export | OVModelForCausalLM | GenAI | static | reason / note |",
-              "|---|---|---|---|---|---|---|"]
+    lines += ["", "| model type | status | export | OVModelForCausalLM | GenAI | static | NPU pipeline | reason / note |",
+              "|---|---|---|---|---|---|---|---|"]
     for r in rows:
         val = r.get("validation") or {}
         if r["status"] in (PASS, PARTIAL):
@@ -426,7 +485,7 @@ def render(results: list[dict], *, seconds: float, versions: dict, python: str,
         if r.get("version_cap"):
             note = (note + "; " if note else "") + r["version_cap"]
         lines.append(f"| {r['model_type']} | {r['status']} | {export} | {_cell(r.get('ovmodel', '-'))} | "
-                     f"{_cell(r.get('genai', '-'))} | {_cell(r.get('static', '-'))} | {_cell(note)} |")
+                     f"{_cell(r.get('genai', '-'))} | {_cell(r.get('static', '-'))} | {_cell(r.get('npu', '-'))} | {_cell(note)} |")
     if compare:
         lines += _comparison(results, compare)
     lines.append("")
@@ -463,6 +522,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--update", help="results JSON of an earlier run: rerun only --types, keep its other rows")
     parser.add_argument("--render-only", help="render the table from this results JSON instead of running")
     parser.add_argument("--no-static", dest="static", action="store_false", help="skip the static export")
+    parser.add_argument("--no-npu", dest="npu", action="store_false",
+                        help="skip the NPU pipeline check (and optimum-intel's own export it compares with)")
     parser.add_argument("--one", help=argparse.SUPPRESS)
     parser.add_argument("--workdir", help=argparse.SUPPRESS)
     parser.add_argument("--result", help=argparse.SUPPRESS)
@@ -470,7 +531,7 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.one:
         try:
-            result = run_one(args.one, Path(args.workdir), static=args.static)
+            result = run_one(args.one, Path(args.workdir), static=args.static, npu=args.npu)
         except Exception as err:  # noqa: BLE001
             result = {"model_type": args.one, "status": REFUSED, "reason": f"coverage worker error: {type(err).__name__}: {_first_line(err)}"}
         Path(args.result).write_text(json.dumps(result, indent=1, default=str))
@@ -489,7 +550,7 @@ def main(argv: list[str] | None = None) -> int:
         t0 = time.monotonic()
         results = []
         with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
-            for result in pool.map(lambda t: _run_subprocess(t, args.timeout, sys.executable, args.static), types):
+            for result in pool.map(lambda t: _run_subprocess(t, args.timeout, sys.executable, args.static, args.npu), types):
                 results.append(result)
                 print(f"{result['model_type']:28s} {result['status']:18s} {result.get('seconds', '')!s:>6} "
                       f"{result.get('reason', '')[:150]}", flush=True)

@@ -38,6 +38,7 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(1, str(HERE.parent))  # the source tree, as in the children
 
 import children  # noqa: E402
+import context  # noqa: E402
 
 DEFAULT_SHAPES = {
     "qwen2-0.5b": Path("/work/bench/artifacts/qwen2-0.5b/shared"),
@@ -141,35 +142,6 @@ def measure(name: str, path: Path, rounds: int, work: Path, log) -> dict:
         "path": str(path), "graph_bytes": graph_bytes, "model": _shape(path), "times": times,
         "page_cache_before": before, "page_cache_after": after,
     }
-
-
-def machine() -> dict:
-    """The CPU model, the CPUs and the memory of this machine."""
-    info: dict = {"nproc": os.cpu_count()}
-    try:
-        lscpu = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=30).stdout
-        info.update((k.strip(), v.strip()) for k, _, v in (ln.partition(":") for ln in lscpu.splitlines())
-                    if k.strip() == "Model name")
-    except (OSError, subprocess.TimeoutExpired):
-        pass
-    info["ram_gb"] = round(int(Path("/proc/meminfo").read_text().split()[1]) / 2**20, 1)
-    return info
-
-
-def versions() -> dict:
-    """The versions of the packages a load runs, and the commit measured."""
-    from importlib.metadata import PackageNotFoundError, version
-
-    out: dict = {}
-    for name in ("openvino", "optimum-intel", "optimum", "transformers", "torch", "optimum-shared-graph"):
-        try:
-            out[name] = version(name)
-        except PackageNotFoundError:
-            out[name] = None
-    git = subprocess.run(["git", "-C", str(HERE.parent), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
-    out["optimum-shared-graph commit"] = git.stdout.strip() or None
-    out["python"] = sys.version.split()[0]
-    return out
 
 
 def _shape(path: Path) -> dict:
@@ -292,7 +264,7 @@ def main(argv: list[str] | None = None) -> int:
         "command": " ".join(["python benchmarks/load_time.py"] + [a for a in argv if a != args.note]).replace("--note", "--note ...").strip(),
         "date": datetime.date.today().isoformat(), "minutes": (time.time() - started) / 60,
         "load_start": load_start, "load_end": " ".join(f"{x:.2f}" for x in os.getloadavg()),
-        "rounds": args.rounds, "note": args.note, "machine": machine(), "versions": versions(), "shapes": measured,
+        "rounds": args.rounds, "note": args.note, "machine": context.machine(), "versions": context.versions(), "shapes": measured,
     }
     raw = Path(tempfile.gettempdir()) / "load-time-results.json"
     raw.write_text(json.dumps(results, indent=1))

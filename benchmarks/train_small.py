@@ -14,8 +14,8 @@ held-out split (`heldout_tokens.npy`) for evaluation. A directory whose stamp ma
 configuration, corpus digest, seed, steps) is reused as it is.
 
 Usage:
-    python benchmarks/train_small.py                     # the full model (about 12 min on 2 shared cores)
-    python benchmarks/train_small.py --size ci           # the tests' model (about 1 min)
+    python benchmarks/train_small.py                     # the full model (about 12 min on 2 cores shared with other jobs)
+    python benchmarks/train_small.py --size ci           # the tests' model (under a minute)
     python benchmarks/train_small.py --speed             # tokens/s of each size, nothing saved
 """
 

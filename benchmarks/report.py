@@ -6,10 +6,10 @@ import statistics
 import time
 from pathlib import Path
 
-# Export at scale (issue 14), against optimum-intel's own text-generation-with-past export in the same run.
+# Export at scale, against optimum-intel's own text-generation-with-past export in the same run.
 EXPORT_TARGETS = {"shared_peak": 1.0, "shared_wall": 1.15, "static_peak": 1.2}
 
-# Targets, as ratios from one run on the Qwen2-0.5B-shaped model (issues 2 and 7).
+# Targets, as ratios from one run on the Qwen2-0.5B-shaped model.
 ISSUE2_TARGETS = {"ttft": 0.65, "gen_peak": 0.75, "tpot": 1.05}
 ISSUE7_TARGETS = {"bytes": 0.52, "export": 0.5, "compile": 0.35, "ttft": 0.65, "tpot_runtime_vs_genai": 1.10}
 ISSUE4_TARGETS = {"static_tpot": 1.10, "chunked_ttft": 0.2, "tpot_runtime_vs_genai": 1.10}
@@ -248,7 +248,7 @@ def _issue7_limits(model, arts, gen, n: str, add) -> None:
 
 
 def _issue4(results, add) -> None:
-    """Static artifacts and runtime() against the dynamic artifact and GenAI (issue 4), from the same run."""
+    """Static artifacts and runtime() against the dynamic artifact and GenAI, from the same run."""
     model = results["models"].get(HEADLINE_MODEL)
     if not model:
         return

@@ -4,7 +4,7 @@ Builds realistic random-init models from public configurations (no download), ex
 layout, then measures each runtime in fresh child processes, round after round with the order rotated,
 so every layout sees the same machine noise. Every figure is a median over rounds (and runs per round).
 
-    python benchmarks/run.py                 # the full suite (issue 7), writes docs/benchmarks.md + .png
+    python benchmarks/run.py                 # the full suite, writes docs/benchmarks.md + .png
     python benchmarks/run.py --suite issue2  # TTFT/TPOT/peak memory at 1,024 tokens, shared vs with-past
     python benchmarks/run.py --quick         # a toy model, every layout, seconds; writes under --workdir
     python benchmarks/run.py --suite export  # export wall and peak memory against optimum-intel's, 0.5B and 1.1B
@@ -71,7 +71,7 @@ ARTIFACTS = {a.key: a for a in [
 ]}
 
 
-# The prompt length of the static comparison (issue 4): only the rows that compare there run it.
+# The prompt length of the static comparison: only the rows that compare there run it.
 STATIC_PROMPT = 512
 STATIC_ONLY = (STATIC_PROMPT,)
 # Static artifacts hold this many KV slots: the longest static prompt plus its new tokens fits. A static
@@ -334,7 +334,7 @@ def parse_args(argv: list[str] | None):
         epilog=__doc__.split("\n\n", 1)[1],
     )
     parser.add_argument("--suite", choices=("full", "issue2", *EXPORT_SUITES), default="full",
-                        help="full: every layout, two models (issue 7); issue2: shared vs with-past at 1,024 tokens; "
+                        help="full: every layout, two models; issue2: shared vs with-past at 1,024 tokens; "
                              "export: export time and memory at the 0.5B and 1.1B shapes; large: the same at 4B")
     parser.add_argument("--quick", action="store_true", help="smoke test: a toy model, every layout, seconds")
     parser.add_argument("--layouts", nargs="+", default=None, choices=["all", *ROWS],

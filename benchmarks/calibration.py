@@ -33,6 +33,9 @@ from pathlib import Path
 
 import numpy as np
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import context  # noqa: E402
+
 HERE = Path(__file__).resolve().parent
 
 # Qwen/Qwen2-0.5B config.json (public): the fields that shape the compute.
@@ -227,7 +230,7 @@ def main() -> None:
 
     results = {"model": args.model, "config": MODELS[args.model], "texts": args.texts, "held_out": args.held_out,
                "decode_steps": args.decode_steps, "eval_steps": args.eval_steps, "prompt_tokens": args.prompt_tokens,
-               "machine": {"cpu": _cpu(), "cores": os.cpu_count(), "python": platform.python_version()},
+               "machine": {"cpu": context.cpu_name(), "cores": os.cpu_count(), "python": platform.python_version()},
                "versions": _versions(), "modes": {}}
     runs = [(mode, estimator) for mode in args.modes
             for estimator in (args.range_estimators if mode == "int8" else ["MINMAX"])]
@@ -265,16 +268,6 @@ def table(results: dict) -> str:
         ratio = arms["ratio"]
         rows.append(f"| {mode} | both / prefill-only KL | | {ratio['prefill']:.3f}x | | {ratio['decode']:.3f}x | |")
     return "\n".join(rows)
-
-
-def _cpu() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor()
 
 
 def _versions() -> dict[str, str]:

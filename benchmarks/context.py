@@ -19,6 +19,17 @@ HERE = Path(__file__).resolve().parent
 TASKS = {"shared": "text-generation-shared", "with-past": "text-generation-with-past"}
 
 
+def cpu_name() -> str:
+    """The CPU's model name (from /proc/cpuinfo), or what `platform` knows."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor()
+
+
 def machine() -> dict:
     info: dict = {"nproc": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version()}
     try:

@@ -34,6 +34,9 @@ from pathlib import Path
 
 import numpy as np
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import context  # noqa: E402
+
 # 2 torch threads on a machine shared with other jobs: OpenMP's spinning threads wait for a busy core;
 # passive waiting measured 3x the training throughput there (set before torch is imported to apply).
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
@@ -294,7 +297,7 @@ def train(size: str, out: Path, c: dict, stamp: dict, *, quiet: bool = False) ->
         "heldout_perplexity": ppl, "uniform_perplexity": config.vocab_size,
         "heldout_windows": int(len(windows)), "context": ctx,
         "train_files": len(c["train"]), "heldout_files": len(c["held_out"]),
-        "machine": {"cpu": _cpu(), "cores": os.cpu_count(), "python": platform.python_version()},
+        "machine": {"cpu": context.cpu_name(), "cores": os.cpu_count(), "python": platform.python_version()},
     }
     (tmp / "train_stamp.json").write_text(json.dumps(result, indent=2) + "\n")
     if out.exists():
@@ -328,16 +331,6 @@ def speed(size: str, steps: int = 6) -> float:
     print(f"{size}: {params / 1e6:.2f} M parameters, {tps:,.0f} tokens/s, {spec['steps']} steps of "
           f"{spec['batch']}x{spec['context']} -> about {spec['steps'] * spec['batch'] * spec['context'] / tps / 60:.1f} min")
     return tps
-
-
-def _cpu() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor()
 
 
 def main() -> None:

@@ -42,6 +42,7 @@ NEW_TOKENS = 12
 PROMPTS = ["hello", "The quick brown fox jumps over the lazy dog"]
 EXACT = {"KV_CACHE_PRECISION": "f32", "INFERENCE_PRECISION_HINT": "f32"}
 # GenAI's NPU pipeline (NPUW) with its partitions run on the CPU: the code path an NPU takes, runnable anywhere.
+NO_COMPARISON = "no optimum-intel artifact to compare (its export fails here)"
 NPUW = {"NPU_USE_NPUW": "YES", "NPUW_DEVICES": "CPU", "MAX_PROMPT_LEN": 64, "MIN_RESPONSE_LEN": 64}
 
 # Sorted by what a reader wants first: exported with full parity, then partial, then refused.
@@ -56,6 +57,13 @@ PASS, PARTIAL, REFUSED, NOT_BUILDABLE = "exported, parity", "exported, partial",
 def _first_line(text: str) -> str:
     text = str(text).strip()
     return text.splitlines()[0][:300] if text else ""
+
+
+def _ov_reason(err: BaseException) -> str:
+    """An OpenVINO exception's own message: its lines after the `Exception from <source file>` ones."""
+    lines = [ln.strip() for ln in str(err).splitlines() if ln.strip()]
+    said = [ln for ln in lines if not ln.startswith(("Exception from ", "Check '")) and not ln.endswith(":")]
+    return f"{type(err).__name__}: {(said or lines or [''])[0][:300]}"
 
 
 def _cli(args: list[str]) -> tuple[int, str]:
@@ -216,25 +224,28 @@ def _npu(model_dir: Path, workdir: Path, out: Path, refs: list) -> str:
         try:
             return _npu_tokens(artifact, refs), None
         except Exception as err:  # noqa: BLE001
-            return None, re.sub(r"_\d+", "_N", f"{type(err).__name__}: {_first_line(err)}")
+            return None, re.sub(r"_\d+", "_N", _ov_reason(err))
 
     ours, our_error = attempt(out)
+    differences = [] if ours is None else [
+        p for (enc, ref, scores), toks in zip(refs, ours) if (p := _compare("NPUW", ref, scores, toks, enc["input_ids"].shape[1]))]
+    problem = our_error or (differences[0] if differences else None)
     theirs_dir = workdir / "with-past"
-    code, stderr = _cli(["export", "openvino", "-m", str(model_dir), "--task", "text-generation-with-past", str(theirs_dir)])
-    theirs, their_error = attempt(theirs_dir) if code == 0 else (None, f"optimum-intel's export failed: {_error_line(stderr)}")
+    code, _ = _cli(["export", "openvino", "-m", str(model_dir), "--task", "text-generation-with-past", str(theirs_dir)])
+    if code != 0:  # optimum-intel cannot export it here (e.g. its transformers version cap): nothing to compare
+        return "parity" if problem is None else f"{NO_COMPARISON}: {problem}"
+    if problem is None:
+        return "parity"
+    theirs, their_error = attempt(theirs_dir)
     if our_error:
         if their_error == our_error:
             return f"NPUW runs neither artifact (optimum-intel's fails the same way): {our_error}"
         return f"failed: {our_error}" + (f" (optimum-intel's artifact: {their_error})" if their_error else "")
-    problems = [_compare("NPUW", ref, scores, toks, enc["input_ids"].shape[1]) for (enc, ref, scores), toks in zip(refs, ours)]
-    if not any(problems):
-        return "parity"
-    first = next(p for p in problems if p)
-    if theirs is not None and theirs == ours:
-        return f"as optimum-intel's artifact, token for token (NPUW's f16): {first}"
+    if theirs == ours:
+        return f"as optimum-intel's artifact, token for token (NPUW's f16): {problem}"
     if theirs is None:
-        return f"{first} (optimum-intel's artifact: {their_error})"
-    return f"differs from optimum-intel's artifact: {first}"
+        return f"{problem} (optimum-intel's artifact fails: {their_error})"
+    return f"differs from optimum-intel's artifact: {problem}"
 
 
 def _validation_flip_evidence(model_dir: Path, reason: str) -> str:
@@ -413,7 +424,7 @@ def _comparison(results: list[dict], others: list[list[dict]]) -> list[str]:
     winners = [version[i] for i, p in enumerate(passed) if len(p) == best]
     pin = _pinned_transformers()
     admitted = [v for v in winners if pin and Requirement(pin).specifier.contains(v)]
-    lines += ["", f"Most model types with parity: transformers {', '.join(winners)} ({best}). `pyproject.toml` requires "
+    lines += ["", f"Most model types with parity: transformers {', '.join(winners)} ({best}). `setup.cfg` requires "
               f"`{pin}`, which admits {', '.join(admitted) or 'none of them'}: pip keeps an installed transformers in "
               "that range rather than switching, and each version covers the model types listed as only under it."]
     return lines
@@ -453,7 +464,7 @@ def render(results: list[dict], *, seconds: float, versions: dict, python: str,
         f"Run: transformers {versions.get('transformers')}, optimum-intel {versions.get('optimum-intel')}, "
         f"openvino {versions.get('openvino')}, openvino-genai {versions.get('openvino-genai')}, torch {versions.get('torch')}; "
         f"{platform.machine()}, {os.cpu_count()} CPUs, {seconds / 60:.1f} minutes. "
-        f"The package requires `{_pinned_transformers()}` (pyproject.toml), chosen from this table: see "
+        f"The package requires `{_pinned_transformers()}` (setup.cfg), chosen from this table: see "
         "[Choosing the transformers range](#choosing-the-transformers-range).",
         "",
         f"**{counts[PASS]} model types exported as one graph with parity** (PyTorch, OVModelForCausalLM and GenAI), "
@@ -464,10 +475,12 @@ def render(results: list[dict], *, seconds: float, versions: dict, python: str,
     if npu:
         same = sum(n.startswith("as optimum-intel's") for n in npu)
         neither = sum(n.startswith("NPUW runs neither") for n in npu)
-        lines += ["", f"NPU pipeline (NPUW on the CPU), of the {len(npu)} exported types: {sum(n == 'parity' for n in npu)} with "
-                  f"parity, {same} with a difference optimum-intel's own artifact shares token for token, {neither} that "
-                  f"NPUW runs for neither artifact, {len(npu) - sum(n == 'parity' for n in npu) - same - neither} worse than "
-                  "optimum-intel's artifact."]
+        alone = sum(n.startswith(NO_COMPARISON) for n in npu)
+        parity = sum(n == "parity" for n in npu)
+        lines += ["", f"NPU pipeline (NPUW on the CPU), of the {len(npu)} exported types: {parity} with parity, {same} with "
+                  f"a difference optimum-intel's own artifact shares token for token, {neither} that NPUW runs for "
+                  f"neither artifact (the same error), {alone} without parity that optimum-intel cannot export here "
+                  f"(nothing to compare), {len(npu) - parity - same - neither - alone} worse than optimum-intel's artifact."]
     if capped:
         lines += ["", "Exported despite an optimum-intel transformers version cap (validation passed under the installed "
                   f"transformers): {', '.join(capped)}."]
@@ -493,8 +506,8 @@ def render(results: list[dict], *, seconds: float, versions: dict, python: str,
 
 
 def _pinned_transformers() -> str | None:
-    """The transformers requirement in pyproject.toml's dependencies."""
-    match = re.search(r'"(transformers[^"]*)"', (ROOT / "pyproject.toml").read_text())
+    """The transformers requirement in setup.cfg's `install_requires`."""
+    match = re.search(r"^\s+(transformers[<>=!~][^\s#]*)", (ROOT / "setup.cfg").read_text(), re.M)
     return match.group(1) if match else None
 
 

@@ -89,6 +89,14 @@ def _rss_anon_mb(pid: int) -> float:
     return float("nan")
 
 
+def status_mb(field: str) -> float:
+    """A memory field of this process's /proc/self/status (`VmRSS`, `VmHWM`, `RssAnon`, ...), in MB."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(f"{field}:"):
+            return int(line.split()[1]) / 1024
+    raise KeyError(f"{field} is not in /proc/self/status")
+
+
 def own_rss_mb() -> float:
     """This process's resident memory now: the floor of every child's ru_maxrss (it is counted before exec)."""
     for line in Path("/proc/self/status").read_text().splitlines():

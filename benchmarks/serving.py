@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import statistics
 import sys
 import time
@@ -65,10 +64,6 @@ def key(kind: str, layout: str, n: int) -> str:
 
 
 # ---- in the child ---------------------------------------------------------------------------------
-
-def _status_mb(field: str) -> float:
-    return int(re.search(rf"^{field}:\s+(\d+)", Path("/proc/self/status").read_text(), re.M).group(1)) / 1024
-
 
 def _vocab(artifact: Path) -> int:
     return json.loads((artifact / "config.json").read_text())["vocab_size"]
@@ -122,7 +117,7 @@ def serve_continuous_batching(artifact: Path, together: int) -> dict:
 
 def _served(load_s: float, wall: float, tokens: list) -> dict:
     return {"load_s": load_s, "wall_s": wall, "requests_per_s": REQUESTS / wall,
-            "tokens_per_s": REQUESTS * NEW_TOKENS / wall, "peak_mb": _status_mb("VmHWM"), "tokens": tokens}
+            "tokens_per_s": REQUESTS * NEW_TOKENS / wall, "peak_mb": children.status_mb("VmHWM"), "tokens": tokens}
 
 
 def latency(artifact: Path, npu: bool, prompts: int = 3) -> dict:
@@ -143,7 +138,7 @@ def latency(artifact: Path, npu: bool, prompts: int = 3) -> dict:
         tpot.append(result.perf_metrics.get_tpot().mean / 1000)
         tokens.append(list(result.tokens[0]))
     return {"load_s": load_s, "ttft_s": statistics.median(ttft), "tpot_s": statistics.median(tpot), "tokens": tokens,
-            "peak_mb": _status_mb("VmHWM")}
+            "peak_mb": children.status_mb("VmHWM")}
 
 
 def soak(artifact: Path, calls: int) -> dict:
@@ -164,7 +159,7 @@ def soak(artifact: Path, calls: int) -> dict:
                        do_sample=False, eos_token_id=None, pad_token_id=0)
         if i % 50 == 0 or i == calls:
             gc.collect()
-            rss[i] = _status_mb("VmRSS")
+            rss[i] = children.status_mb("VmRSS")
     return {"calls": calls, "rss_mb": rss, "wall_s": time.perf_counter() - start}
 
 

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import sys
 import time
 from pathlib import Path
@@ -31,18 +30,15 @@ from typing import Callable
 
 import numpy as np
 
+import children
+
 RUNTIMES = ("optimum", "genai", "runtime", "twograph", "torch", "static", "raw")
 
 
 # ---- memory ------------------------------------------------------------------------------------
 
-def _status_kb(field: str) -> int:
-    text = Path("/proc/self/status").read_text()
-    return int(re.search(rf"^{field}:\s+(\d+)", text, re.M).group(1))
-
-
 def rss_mb() -> float:
-    return _status_kb("VmRSS") / 1024
+    return children.status_mb("VmRSS")
 
 
 def reset_peak() -> None:
@@ -54,7 +50,7 @@ def reset_peak() -> None:
 
 
 def peak_since_reset_mb() -> float:
-    return _status_kb("VmHWM") / 1024
+    return children.status_mb("VmHWM")
 
 
 # ---- runtimes: each returns generate(ids, n_new) -> (per-token timestamps, generated token ids) ----------

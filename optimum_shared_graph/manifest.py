@@ -263,12 +263,18 @@ def hash_graph_files(directory: Path, names: list[str], *, remember: bool = Fals
     digests = {}
     for name in names:
         target = (directory / name).resolve()
-        before = verified.FileIdentity.of(target)
-        digests[name] = sha256_file(target)
-        if verified.FileIdentity.of(target) == before:
-            known.remember(target, before, digests[name], hash_started_ns=None)
+        digests[name] = _sha256_remembered(target, known, verified.FileIdentity.of(target), hash_started_ns=None)
     known.save()
     return digests
+
+
+def _sha256_remembered(target: Path, known, before, *, hash_started_ns: int | None) -> str:
+    """The sha256 of `target`, remembered in `known` (if any) when the file's identity is still `before`
+    once hashed (see `VerifiedFiles.remember` for `hash_started_ns`)."""
+    digest = sha256_file(target)
+    if known is not None and verified.FileIdentity.of(target) == before:
+        known.remember(target, before, digest, hash_started_ns=hash_started_ns)
+    return digest
 
 
 def verify_mode(verify: bool | str = True) -> str | None:
@@ -365,14 +371,11 @@ def verify_files(directory: Path, manifest: Manifest, *, mode: str = "cached") -
             raise ManifestError(f"{name} listed in {manifest.path} is missing: re-export the model") from None
         if known is not None and known.digest(target, before) == digest:
             continue
-        started = time.time_ns()
         hashed.append(name)
-        if sha256_file(target) != digest:
-            raise ManifestError(
+        if _sha256_remembered(target, known, before, hash_started_ns=time.time_ns()) != digest:
+            raise ManifestError(  # before the cache is saved: a file that does not match is never remembered
                 f"{name} does not match the sha256 in {manifest.path}: the file changed after export; re-export the model"
             )
-        if known is not None and verified.FileIdentity.of(target) == before:
-            known.remember(target, before, digest, hash_started_ns=started)
     if known is not None:
         known.save()
     return hashed

@@ -233,3 +233,13 @@ def test_api_takes_a_local_dataset_file(quantizable_model, dataset_file, tmp_pat
     assert manifest.quantization["calibration_samples"] == {"prefill": len(CALIBRATION_TEXTS),
                                                              "decode": len(CALIBRATION_TEXTS) * DECODE_STEPS}
     assert read_manifest(out) == manifest
+
+
+def test_negative_decode_steps_are_refused_with_one_line():
+    """The sampler's own guard (the CLI refuses earlier): an InvalidOptionsError, not a NameError."""
+    from optimum_shared_graph import InvalidOptionsError
+    from optimum_shared_graph.quantization.both_stages import BothStageSamples
+
+    with pytest.raises(InvalidOptionsError, match="calibration decode steps must be 0 or more, got -1") as info:
+        BothStageSamples(None, [], -1)
+    assert "\n" not in str(info.value)

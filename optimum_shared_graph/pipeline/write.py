@@ -7,6 +7,7 @@ import functools
 import os
 import shutil
 from pathlib import Path
+from typing import Any
 
 from ..errors import SharedGraphError
 from ..graph.logits import is_sliced, slice_logits

@@ -35,7 +35,7 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from ..errors import SharedGraphError
+from ..errors import InvalidOptionsError, SharedGraphError
 from ..progress import bar
 from ..runtimes.session import position_ids_from_mask
 from .calibration import (

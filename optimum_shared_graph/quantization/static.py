@@ -16,7 +16,7 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from ..errors import InvalidOptionsError
+from ..errors import InvalidOptionsError, SharedGraphError
 from ..progress import bar
 from ..runtimes.static_session import StaticSession, layer_order
 from .calibration import (

@@ -187,28 +187,12 @@ def _check_runtimes(model_dir: Path, out: Path, result: dict) -> list:
     return refs
 
 
-def _genai_problem(out: Path, refs: list, label: str, **properties) -> str | None:
-    """Greedy generation through GenAI's `LLMPipeline` (f32, plus `properties`) against PyTorch's
-    references: the first difference, or None."""
+def _genai_tokens(artifact: Path, refs: list, device: str, **properties) -> list[list[int]]:
+    """Greedy tokens of each reference prompt through GenAI's `LLMPipeline` on `device` with `properties`."""
     import openvino as ov
     import openvino_genai as ov_genai
 
-    pipe = ov_genai.LLMPipeline(str(out), "CPU", **EXACT, **properties)
-    config = ov_genai.GenerationConfig(max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, ignore_eos=True)
-    for enc, ref, scores in refs:
-        inputs = ov_genai.TokenizedInputs(ov.Tensor(enc["input_ids"].numpy()), ov.Tensor(enc["attention_mask"].numpy()))
-        problem = _compare(label, ref, scores, list(pipe.generate(inputs, config).tokens[0]), enc["input_ids"].shape[1])
-        if problem:
-            return problem
-    return None
-
-
-def _npu_tokens(artifact: Path, refs: list) -> list[list[int]]:
-    """Greedy tokens of each reference prompt through GenAI's NPU pipeline (NPUW on the CPU)."""
-    import openvino as ov
-    import openvino_genai as ov_genai
-
-    pipe = ov_genai.LLMPipeline(str(artifact), "NPU", **NPUW)
+    pipe = ov_genai.LLMPipeline(str(artifact), device, **properties)
     config = ov_genai.GenerationConfig(max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, ignore_eos=True)
     tokens = []
     for enc, _, _ in refs:
@@ -217,25 +201,35 @@ def _npu_tokens(artifact: Path, refs: list) -> list[list[int]]:
     return tokens
 
 
+def _differences(label: str, refs: list, tokens: list[list[int]]) -> list[str]:
+    """Where each prompt's `tokens` differ from PyTorch's reference (with PyTorch's margin), in order."""
+    found = (_compare(label, ref, scores, toks, enc["input_ids"].shape[1]) for (enc, ref, scores), toks in zip(refs, tokens))
+    return [problem for problem in found if problem]
+
+
+def _genai_problem(out: Path, refs: list, label: str, **properties) -> str | None:
+    """Greedy generation through GenAI's `LLMPipeline` (f32, plus `properties`) against PyTorch's
+    references: the first difference, or None."""
+    return next(iter(_differences(label, refs, _genai_tokens(out, refs, "CPU", **EXACT, **properties))), None)
+
+
 def _npu(model_dir: Path, workdir: Path, out: Path, refs: list) -> str:
     """The shared artifact through the NPU pipeline, judged against optimum-intel's own artifact of the same
     model in the same run (NPUW computes in f16: a difference both artifacts share is NPUW's)."""
     def attempt(artifact: Path):
         try:
-            return _npu_tokens(artifact, refs), None
+            return _genai_tokens(artifact, refs, "NPU", **NPUW), None
         except Exception as err:  # noqa: BLE001
             return None, re.sub(r"_\d+", "_N", _ov_reason(err))
 
     ours, our_error = attempt(out)
-    differences = [] if ours is None else [
-        p for (enc, ref, scores), toks in zip(refs, ours) if (p := _compare("NPUW", ref, scores, toks, enc["input_ids"].shape[1]))]
-    problem = our_error or (differences[0] if differences else None)
+    problem = our_error or next(iter(_differences("NPUW", refs, ours)), None)
+    if problem is None:
+        return "parity"  # nothing to judge: optimum-intel's artifact is exported only when ours falls short
     theirs_dir = workdir / "with-past"
     code, _ = _cli(["export", "openvino", "-m", str(model_dir), "--task", "text-generation-with-past", str(theirs_dir)])
     if code != 0:  # optimum-intel cannot export it here (e.g. its transformers version cap): nothing to compare
-        return "parity" if problem is None else f"{NO_COMPARISON}: {problem}"
-    if problem is None:
-        return "parity"
+        return f"{NO_COMPARISON}: {problem}"
     theirs, their_error = attempt(theirs_dir)
     if our_error:
         if their_error == our_error:

@@ -12,6 +12,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "optimum_shared_graph"
 LAYERS = [
     {"errors", "tasks", "options", "manifest", "verified", "registration", "progress"},  # leaves
     {"graph"},  # transforms of OpenVINO graphs
+    {"architectures"},  # fixes of optimum-intel's export configs, one module per architecture family
     {"runtimes"},  # runtime(), providers, the sessions that feed a graph
     {"quantization"},  # calibration on both stages and on static graphs
     {"pipeline"},  # the export, stage by stage

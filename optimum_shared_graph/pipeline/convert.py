@@ -194,23 +194,26 @@ def one_model_load(on_model, *, load_error, before_save=None):
 
 def convert(raw_export, source: str, raw: Path, *, task: str, exported_type: str, validating: bool,
             fallback_reason: str | None, hooks, static):
-    """Run optimum-intel's export of `source` into `raw`; return the transformers cap it lifted (or None).
+    """Run optimum-intel's export of `source` into `raw`; return `(lifted cap or None, applied fix or None)`.
 
-    `hooks` (the model hand-over and the both-stage calibration) are active during the export; a static
+    An architecture fix of `architectures/` replaces optimum-intel's export config for the duration of
+    the export where one applies to `exported_type` under the installed transformers. `hooks` (the model hand-over and the both-stage calibration) are active during the export; a static
     export without calibration skips optimum-intel's dynamic graph, which the static one replaces. Any
     failure of optimum-intel's is one `ModelNotSupportedError` line (a full disk: `ArtifactWriteError`).
     `InnerModelExport` goes through: the caller exports the inner model instead.
     """
+    from ..architectures import fix_applied
     from ..errors import ModelNotSupportedError
     from ..tasks import BASE_TASK
     from .version_cap import lifted_cap
 
-    lifted = None
+    lifted = fix = None
     try:
         if task == BASE_TASK:
             # past optimum-intel's transformers cap only when validation will guard the graph
             # (a fallback is not validated: no captured calls to check it against)
-            with lifted_cap(exported_type, BASE_TASK, validating=validating, fallback_reason=fallback_reason) as lifted:
+            with fix_applied(exported_type) as fix, lifted_cap(
+                    exported_type, BASE_TASK, validating=validating, fallback_reason=fallback_reason) as lifted:
                 with hooks, no_dynamic_graph(static):
                     raw_export(source, raw)
         else:  # optimum-intel's own partitioning for a vision-language model
@@ -223,8 +226,10 @@ def convert(raw_export, source: str, raw: Path, *, task: str, exported_type: str
         if problem is not None:  # a full disk, not the model: say so
             raise write_error(raw.parent.parent, err, problem) from err
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise ModelNotSupportedError(f"optimum-intel could not export {exported_type} as {task}: {first}") from err
-    return lifted
+        with_fix = f" (with {fix.module})" if fix is not None else ""
+        raise ModelNotSupportedError(
+            f"optimum-intel could not export {exported_type} as {task}{with_fix}: {first}") from err
+    return lifted, fix
 
 
 def return_freed_memory() -> None:

@@ -111,12 +111,12 @@ def run_export(
             task = BASE_TASK if export.reason is None else fallback.fallback_task(config)
             validating = not opts.skip_validation and export.reason is None
             try:
-                lifted = convert.convert(raw_export, source, raw, task=task, exported_type=exported_type,
+                lifted, fix = convert.convert(raw_export, source, raw, task=task, exported_type=exported_type,
                                          validating=validating, fallback_reason=export.reason, hooks=hooks(),
                                          static=static_plan)
             except convert.InnerModelExport as inner:  # generate() drives an inner causal LM: export that one
                 export.inner = True
-                lifted = convert.convert(raw_export, str(inner.directory), raw, task=BASE_TASK,
+                lifted, fix = convert.convert(raw_export, str(inner.directory), raw, task=BASE_TASK,
                                          exported_type=export.capture.exported.config.model_type,
                                          validating=validating, fallback_reason=None, hooks=hooks(), static=static_plan)
             if lifted is not None and export.capture is not None:
@@ -130,7 +130,7 @@ def run_export(
             # 5. validate and 6. write
             try:
                 manifest = write.finish(raw, staging / "final", config, export.capture, export.reason, opts, model,
-                                        quantization, calibration)
+                                        quantization, calibration, fix=fix)
             except ExportValidationError as err:
                 if lifted is not None:
                     raise ExportValidationError(f"{err}; {lifted.refusal}", report=err.report) from err

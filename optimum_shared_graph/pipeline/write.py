@@ -20,13 +20,19 @@ from . import fallback
 from .validate import validate_graph
 
 
-def finish(raw: Path, final: Path, config, capture, reason, opts, model, quantization, calibration=None) -> Manifest:
-    """Validate the graph in `raw` (stage 5) and write the artifact into `final` (stage 6); return its manifest."""
+def finish(raw: Path, final: Path, config, capture, reason, opts, model, quantization, calibration=None, *,
+           fix=None) -> Manifest:
+    """Validate the graph in `raw` (stage 5) and write the artifact into `final` (stage 6); return its manifest.
+
+    `fix` is the architecture fix (`architectures.Fix`) optimum-intel's export ran with, if any: the
+    manifest records it under `model.fixes`.
+    """
     import openvino as ov
 
+    fixes = {"fixes": [fix.record()]} if fix is not None else {}
     if reason is not None:
         progress.stage("writing")
-        return finish_fallback(raw, final, config, reason, opts, model, quantization)
+        return finish_fallback(raw, final, config, reason, opts, model, quantization, model_extra=fixes)
     graph_xml = STATIC_GRAPH_XML if opts.is_static else GRAPH_XML
     graphs = sorted(p.name for p in raw.glob("openvino_*model*.xml") if "tokenizer" not in p.name)
     if graphs != [graph_xml]:
@@ -44,7 +50,7 @@ def finish(raw: Path, final: Path, config, capture, reason, opts, model, quantiz
         partitioning="shared", config=config, source=model, opts=opts, decoder=ov_model, files=[graph_xml],
         quantization=quantization, calibration=calibration,
         static=shapes_of(ov_model).to_dict() if opts.is_static else None,
-        model_extra={**exported_module(capture), **notes},
+        model_extra={**exported_module(capture), **notes, **fixes},
     )
     if opts.skip_validation:
         manifest.validation = {"status": "skipped", "reason": "--skip-validation"}
@@ -151,7 +157,7 @@ def _model_graphs(directory: Path) -> list[str]:
 
 
 def finish_fallback(raw: Path, final: Path, config: Any, reason: str, opts: Any, model: str,
-                    quantization: dict[str, Any] | None) -> Manifest:
+                    quantization: dict[str, Any] | None, model_extra: dict[str, Any] | None = None) -> Manifest:
     """Turn optimum-intel's own export in `raw` into the artifact in `final`, with its manifest.
 
     Every graph optimum-intel wrote (one for with-past; the language model, text embeddings and
@@ -166,6 +172,7 @@ def finish_fallback(raw: Path, final: Path, config: Any, reason: str, opts: Any,
         opts: the `ExportOptions`.
         model: the model id or directory, as given.
         quantization: what the manifest records of the quantization flags.
+        model_extra: more facts about the model (the architecture fix applied).
 
     Returns:
         The manifest, already written into `final`.
@@ -186,7 +193,7 @@ def finish_fallback(raw: Path, final: Path, config: Any, reason: str, opts: Any,
     files = [decoder] + [g for g in graphs if g != decoder]
     manifest = build_manifest(
         partitioning="fallback", config=config, source=model, opts=opts, decoder=decoder_model, files=files,
-        quantization=quantization, fallback_reason=reason, graph_task=task,
+        quantization=quantization, fallback_reason=reason, graph_task=task, model_extra=model_extra,
     )
     manifest.validation = {
         "status": "skipped",

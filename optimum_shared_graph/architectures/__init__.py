@@ -1,0 +1,121 @@
+"""Fixes for model types optimum-intel's own export configs cannot convert under the installed transformers.
+
+optimum-intel converts each model type through an export config registered in its `TasksManager`, and
+the config's model patcher rewrites the PyTorch model for tracing (cache classes, recurrent cells, MoE
+blocks). A patcher written against one transformers release breaks on a newer one: a cache class
+renamed, an attribute removed, a forward() signature changed. Each module of this package repairs one
+architecture family for the transformers versions it names, the way optimum-intel itself does it: a
+subclass of optimum-intel's export config whose patcher works under those versions.
+
+A fix module defines:
+
+- `MODEL_TYPES`: the transformers model types it repairs;
+- `TRANSFORMERS`: the transformers versions it is written for (a version specifier), outside which
+  optimum-intel's own config is used unchanged;
+- `SUMMARY`: one line, what it changes (recorded in the manifest);
+- `export_config(base)`: a subclass of optimum-intel's export config class `base`.
+
+`fix_applied(model_type)` points optimum-intel's `TasksManager` entry for the model type at the fixed
+config for the duration of one `text-generation-shared` export, and puts the original back afterwards,
+so optimum-intel's own tasks in the same process are untouched. Every export is validated against
+PyTorch, so a fix that does not reproduce the model is refused like any other graph.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import importlib
+from dataclasses import dataclass
+from typing import Iterator
+
+
+
+def fix_modules() -> list[str]:
+    """The fix modules of this package (one per architecture family), by name."""
+    import pkgutil
+
+    return sorted(m.name for m in pkgutil.iter_modules(__path__) if not m.name.startswith("_"))
+
+
+# optimum-intel's tasks a fix replaces the config of (the stateful export and its stateless form).
+_TASKS = ("text-generation-with-past", "text-generation")
+
+
+@dataclass(frozen=True)
+class Fix:
+    """One architecture fix: what the manifest records when it was applied."""
+
+    module: str
+    model_type: str
+    summary: str
+    transformers: str
+
+    def record(self) -> dict[str, str]:
+        return {"fix": self.module, "model_type": self.model_type, "summary": self.summary,
+                "transformers": self.transformers}
+
+
+def _load(name: str):
+    return importlib.import_module(f"{__name__}.{name}")
+
+
+def _installed_transformers():
+    from packaging.version import Version
+    import transformers
+
+    return Version(Version(transformers.__version__).base_version)
+
+
+def fix_module(model_type: str):
+    """The fix module for `model_type` under the installed transformers, or None."""
+    from packaging.specifiers import SpecifierSet
+
+    for name in fix_modules():
+        module = _load(name)
+        if model_type in module.MODEL_TYPES and _installed_transformers() in SpecifierSet(module.TRANSFORMERS):
+            return module
+    return None
+
+
+def fixed_model_types() -> set[str]:
+    """Every model type a fix module repairs (whatever the installed transformers)."""
+    return {t for name in fix_modules() for t in _load(name).MODEL_TYPES}
+
+
+def _entries(model_type: str):
+    """optimum-intel's `TasksManager` entries (task -> constructor) for `model_type`'s OpenVINO export."""
+    from optimum.exporters.tasks import TasksManager
+    import optimum.exporters.openvino.model_configs  # noqa: F401  (registers optimum-intel's configs)
+
+    name = model_type.replace("_", "-")
+    table = TasksManager._SUPPORTED_MODEL_TYPE
+    found = table.get(name) or table.get(model_type) or {}
+    return found.get("openvino", {})
+
+
+@contextlib.contextmanager
+def fix_applied(model_type: str) -> Iterator[Fix | None]:
+    """While active, optimum-intel exports `model_type` with its fix; yield the `Fix` (None: no fix applies).
+
+    The fixed config class replaces optimum-intel's in its `TasksManager` for the text-generation
+    tasks only, and the original entries are restored on exit, whatever happens inside.
+    """
+    module = fix_module(model_type)
+    entries = _entries(model_type) if module is not None else {}
+    originals = {task: entries[task] for task in _TASKS if task in entries}
+    if not originals:
+        yield None
+        return
+    fixed = {}
+    for task, constructor in originals.items():
+        base = getattr(constructor, "func", constructor)
+        if base not in fixed:
+            fixed[base] = module.export_config(base)
+        cls = fixed[base]
+        entries[task] = (functools.partial(cls, *constructor.args, **constructor.keywords)
+                         if isinstance(constructor, functools.partial) else cls)
+    try:
+        yield Fix(f"{__name__}.{module.__name__.rsplit('.', 1)[-1]}", model_type, module.SUMMARY, module.TRANSFORMERS)
+    finally:
+        entries.update(originals)

@@ -60,20 +60,19 @@ def _load(name: str):
     return importlib.import_module(f"{__name__}.{name}")
 
 
-def _installed_transformers():
-    from packaging.version import Version
-    import transformers
-
-    return Version(Version(transformers.__version__).base_version)
-
-
-def fix_module(model_type: str):
-    """The fix module for `model_type` under the installed transformers, or None."""
+def fix_module(model_type: str, transformers_version: str | None = None):
+    """The fix module for `model_type` under `transformers_version` (default: the installed one), or None."""
     from packaging.specifiers import SpecifierSet
+    from packaging.version import Version
 
+    if transformers_version is None:
+        import transformers
+
+        transformers_version = transformers.__version__
+    version = Version(Version(transformers_version).base_version)
     for name in fix_modules():
         module = _load(name)
-        if model_type in module.MODEL_TYPES and _installed_transformers() in SpecifierSet(module.TRANSFORMERS):
+        if model_type in module.MODEL_TYPES and version in SpecifierSet(module.TRANSFORMERS):
             return module
     return None
 

@@ -65,6 +65,16 @@ _OVERRIDES: dict[str, dict[str, Any]] = {
     "gemma3n_text": dict(layer_types=["sliding_attention", "full_attention"], num_kv_shared_layers=0,
                          activation_sparsity_pattern=[0.0, 0.0], laurel_rank=8, altup_num_inputs=2,
                          hidden_size_per_layer_input=16, vocab_size_per_layer_input=TINY_VOCAB),
+    # shaped like google/gemma-4-E2B's text decoder: sliding and full attention (full layers: a head twice as
+    # wide, partial "proportional" RoPE), one KV head, the last layers reusing the KV of the last earlier
+    # layer of their type (num_kv_shared_layers; double-wide MLP there), per-layer input embeddings, tied
+    # embeddings, final logit softcap 30. Its 4 sliding : 1 full pattern does not fit 4 layers with KV
+    # sharing (a shared layer needs an unshared one of its type), hence 1 : 1. The window (8) is shorter
+    # than every check's prompt + new tokens, so it is exercised.
+    "gemma4_text": dict(num_hidden_layers=4, layer_types=["sliding_attention", "full_attention"] * 2,
+                        num_kv_shared_layers=2, num_key_value_heads=1, head_dim=16, global_head_dim=32,
+                        sliding_window=8, hidden_size_per_layer_input=16, vocab_size_per_layer_input=TINY_VOCAB,
+                        use_double_wide_mlp=True, final_logit_softcapping=30.0, tie_word_embeddings=True),
     "codegen": dict(n_embd=64, n_layer=2, n_head=4, n_positions=512, rotary_dim=8),
     "gptj": dict(n_embd=64, n_layer=2, n_head=4, n_positions=512, rotary_dim=8),
 }

@@ -55,8 +55,13 @@ _OVERRIDES: dict[str, dict[str, Any]] = {
     # multi-head latent attention and routed experts, small
     "deepseek_v2": dict(_MLA),
     "deepseek_v3": dict(_MLA),
-    # with 0.1 the selective-scan states grow until fp32 rounding alone passes the 1e-3 relative check
-    "falcon_mamba": dict(initializer_range=0.02),
+    # shaped like state-spaces/mamba-130m-hf: d_state 16, d_conv 4, expand 2 (intermediate 128), time_step_rank
+    # ceil(hidden / 16) as the config computes it, lm_head tied to the embeddings
+    "mamba": dict(state_size=16, conv_kernel=4, expand=2, time_step_rank="auto", tie_word_embeddings=True),
+    # shaped like tiiuae/falcon-mamba-7b: the same sizes, an untied lm_head. initializer_range stays 0.1: the 0.02
+    # this entry had (selective-scan states outgrowing fp32 rounding at 0.1) predates the fix, whose recurrent
+    # scan (architectures/mamba.py) reproduces PyTorch at 0.1 (max |dlogits| 5.7e-06)
+    "falcon_mamba": dict(state_size=16, conv_kernel=4, expand=2, time_step_rank="auto", tie_word_embeddings=False),
     "gpt_neo": dict(num_layers=2, num_heads=4, attention_types=[[["global", "local"], 1]], window_size=256),
     # one Mamba-2 layer and one attention layer; mamba_n_heads * mamba_d_head = mamba_expand * hidden_size
     "granitemoehybrid": dict(layer_types=["mamba", "attention"], mamba_n_heads=8, mamba_d_head=16, mamba_expand=2,

@@ -32,11 +32,18 @@ _TINY = dict(
     bos_token_id=1, eos_token_id=2, pad_token_id=0,
 )
 
+# Multi-head latent attention as the DeepSeek releases have it, scaled down: every head its own K/V
+# (num_key_value_heads = num_attention_heads), a K head of qk_nope + qk_rope = 16 + 8 = 24 wider than the V head
+# of 16 (192 vs 128 in the releases), kv_lora_rank a quarter of hidden (512 of 2048 in V2-Lite), layer 0 a
+# dense MLP and the layers after it routed experts (first_k_dense_replace). head_dim is the rotary width,
+# qk_rope_head_dim, as the configs set it themselves (DeepseekV3Config lets a head_dim argument override it).
 _MLA = dict(
-    kv_lora_rank=16, q_lora_rank=None, qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=16, n_routed_experts=4,
-    num_experts_per_tok=2, n_shared_experts=1, moe_intermediate_size=32, first_k_dense_replace=1, n_group=1,
-    topk_group=1, num_key_value_heads=4, head_dim=16,
+    kv_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16, num_key_value_heads=4, head_dim=8,
+    moe_intermediate_size=32, first_k_dense_replace=1,
 )
+# The releases' YaRN rotary (factor 40 over 4096 original positions there; 4 over 128 here, for 512 positions).
+_MLA_YARN = dict(rope_type="yarn", rope_theta=10000.0, factor=4.0, original_max_position_embeddings=128,
+                 beta_fast=32.0, beta_slow=1.0)
 
 # Per-architecture names for the same sizes, where a config does not map them itself.
 _OVERRIDES: dict[str, dict[str, Any]] = {
@@ -52,9 +59,17 @@ _OVERRIDES: dict[str, dict[str, Any]] = {
     "dbrx": dict(d_model=64, n_heads=4, n_layers=2, max_seq_len=512,
                  attn_config={"kv_n_heads": 2, "rope_theta": 10000.0},
                  ffn_config={"ffn_hidden_size": 128, "moe_num_experts": 4, "moe_top_k": 2}),
-    # multi-head latent attention and routed experts, small
-    "deepseek_v2": dict(_MLA),
-    "deepseek_v3": dict(_MLA),
+    # shaped like deepseek-ai/DeepSeek-V2-Lite: no query LoRA, softmax routing ("greedy" top-k, one group),
+    # 2 shared experts, top-k weights not renormalized, YaRN rotary with its mscale 0.707
+    "deepseek_v2": dict(_MLA, q_lora_rank=None, n_routed_experts=8, num_experts_per_tok=2, n_shared_experts=2,
+                        n_group=1, topk_group=1, topk_method="greedy", norm_topk_prob=False, routed_scaling_factor=1.0,
+                        rope_parameters=dict(_MLA_YARN, mscale=0.707, mscale_all_dim=0.707)),
+    # shaped like deepseek-ai/DeepSeek-V3: query LoRA, sigmoid routing with e_score_correction_bias over
+    # n_group groups of which topk_group are kept (256 experts in 8 groups, 4 groups kept, top 8 there: 16 in 4,
+    # 2 kept, top 4 here), 1 shared expert, top-k weights renormalized and scaled by 2.5, YaRN rotary with mscale 1
+    "deepseek_v3": dict(_MLA, q_lora_rank=32, n_routed_experts=16, num_experts_per_tok=4, n_shared_experts=1,
+                        n_group=4, topk_group=2, norm_topk_prob=True, routed_scaling_factor=2.5,
+                        rope_parameters=dict(_MLA_YARN, mscale=1.0, mscale_all_dim=1.0)),
     # shaped like state-spaces/mamba-130m-hf: d_state 16, d_conv 4, expand 2 (intermediate 128), time_step_rank
     # ceil(hidden / 16) as the config computes it, lm_head tied to the embeddings
     "mamba": dict(state_size=16, conv_kernel=4, expand=2, time_step_rank="auto", tie_word_embeddings=True),

@@ -77,6 +77,11 @@ _OVERRIDES: dict[str, dict[str, Any]] = {
     # this entry had (selective-scan states outgrowing fp32 rounding at 0.1) predates the fix, whose recurrent
     # scan (architectures/mamba.py) reproduces PyTorch at 0.1 (max |dlogits| 5.7e-06)
     "falcon_mamba": dict(state_size=16, conv_kernel=4, expand=2, time_step_rank="auto", tie_word_embeddings=False),
+    # shaped like LiquidAI/LFM2-1.2B: its first four layers (conv, conv, attention, conv of its 10 conv + 6
+    # attention), grouped KV heads, conv L_cache 3, the feed-forward auto-adjusted to 4 x hidden (2/3 of 384,
+    # rounded up to 256), tied embeddings
+    "lfm2": dict(num_hidden_layers=4, layer_types=["conv", "conv", "full_attention", "conv"], conv_L_cache=3,
+                 intermediate_size=384, block_auto_adjust_ff_dim=True, block_multiple_of=256, tie_word_embeddings=True),
     "gpt_neo": dict(num_layers=2, num_heads=4, attention_types=[[["global", "local"], 1]], window_size=256),
     # one Mamba-2 layer and one attention layer; mamba_n_heads * mamba_d_head = mamba_expand * hidden_size
     "granitemoehybrid": dict(layer_types=["mamba", "attention"], mamba_n_heads=8, mamba_d_head=16, mamba_expand=2,

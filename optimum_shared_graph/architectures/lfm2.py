@@ -1,0 +1,168 @@
+"""LFM2 under transformers 5.5: optimum-intel's LFM2 graph with a cache holder written for the 5.5 model.
+
+What broke: transformers 5.5 removed `Lfm2HybridConvCache` (LFM2 keeps its convolution states in a
+`DynamicCache` of `LinearAttentionLayer`s), so optimum-intel's `Lfm2ModelPatcher`, whose cache wrapper
+subclasses it, fails on import. Its export config also caps transformers at 5.4.0. Its short-convolution
+patch (`lfm2_short_conv_forward_patched`) reads the padding mask from a positional argument whose
+meaning changed between releases, and the 5.5 model passes that mask only when the call has more
+than one token, which tracing fixes once for the dummy input.
+
+What the fix does, in the way optimum-intel's GraniteMoeHybridModelPatcher does it under 5.5:
+
+- the graph's states are passed to the model as one small holder (`Lfm2States`) in `past_key_values`:
+  it serves the attention layers' `update` (the keys and values concatenated after the past ones, as
+  optimum-intel's wrapper did) and the mask builder (`get_seq_length`, `get_mask_sizes`), and keeps the
+  convolution layers' states and the graph's attention mask;
+- each short convolution (`Lfm2ShortConv`) runs optimum-intel's `ov_causal_conv1d` (the cached window
+  before the new tokens, one code path for the prompt and for each new token) on its input zeroed
+  where the mask's last `seq_len` columns are 0, as transformers' `apply_mask_to_padding_states`;
+- the rotary positions are passed as `arange(past, past + seq_len)`, the form transformers 4.x
+  traced and OpenVINO GenAI's PagedAttention rewrite recognises (the 5.5 model's own
+  `arange(seq_len) + past`, the same values, is not rewritten there, and GenAI's default backend then
+  drifts from PyTorch after a few tokens).
+
+The graph interface is optimum-intel's LFM2 interface: `input_ids`, `attention_mask` (the whole
+context's), and `cache_params.past.conv.{i}` [batch, hidden, L_cache] for each convolution layer,
+then `cache_params.past.key.{i}` / `cache_params.past.value.{i}` for each attention layer, all states
+of the one stateful graph.
+"""
+
+from __future__ import annotations
+
+import types
+from typing import Any
+
+MODEL_TYPES = ("lfm2",)
+TRANSFORMERS = ">=5.5"
+SUMMARY = ("optimum-intel's LFM2 graph with a cache holder for transformers 5.5's model (Lfm2HybridConvCache was "
+           "removed) and the short convolutions as ov_causal_conv1d on the masked input")
+
+
+class Lfm2States:
+    """The graph's states as the 5.5 model reaches them through `past_key_values`.
+
+    Convolution layers read and replace `conv_states[conv_index[layer]]`; attention layers call
+    `update`, which appends the new keys and values to `key_cache` / `value_cache[attention_index[layer]]`.
+    """
+
+    is_compileable = False
+    is_sliding = [False]  # the mask builder takes layer 0's sizes: every attention layer is global
+
+    def __init__(self, layer_types: list[str], conv_states: list[Any], key_cache: list[Any], value_cache: list[Any],
+                 attention_mask: Any):
+        self.conv_states = conv_states
+        self.key_cache = key_cache
+        self.value_cache = value_cache
+        self.attention_mask = attention_mask
+        conv = [i for i, kind in enumerate(layer_types) if kind == "conv"]
+        attention = [i for i, kind in enumerate(layer_types) if kind == "full_attention"]
+        self.conv_index = {layer: n for n, layer in enumerate(conv)}
+        self.attention_index = {layer: n for n, layer in enumerate(attention)}
+
+    def update(self, key_states, value_states, layer_idx: int, cache_kwargs: dict | None = None):
+        import torch
+
+        n = self.attention_index[layer_idx]
+        self.key_cache[n] = torch.cat([self.key_cache[n], key_states], dim=-2)
+        self.value_cache[n] = torch.cat([self.value_cache[n], value_states], dim=-2)
+        return self.key_cache[n], self.value_cache[n]
+
+    def get_seq_length(self, layer_idx: int | None = 0) -> int:
+        return self.key_cache[0].shape[-2] if self.key_cache else 0
+
+    def get_mask_sizes(self, query_length, layer_idx: int = 0) -> tuple[int, int]:
+        if hasattr(query_length, "shape") and len(query_length.shape) > 0:  # a cache_position tensor
+            query_length = query_length.shape[0]
+        return self.get_seq_length() + query_length, 0
+
+    def has_previous_state(self, layer_idx: int | None = None) -> bool:
+        return True
+
+
+def lfm2_short_conv_forward(self, hidden_states, past_key_values: Lfm2States | None = None, attention_mask=None):
+    """`Lfm2ShortConv.forward` of transformers 5.5 in one traceable path for the prompt and each new token."""
+    import torch
+    from optimum.exporters.openvino.model_patcher import ov_causal_conv1d
+
+    seq_len = hidden_states.shape[1]
+    if past_key_values is not None:
+        attention_mask = past_key_values.attention_mask
+    if attention_mask is not None:  # padding tokens do not enter the convolution window
+        hidden_states = hidden_states * attention_mask[:, -seq_len:, None].to(hidden_states.dtype)
+
+    B, C, x = self.in_proj(hidden_states).transpose(-1, -2).chunk(3, dim=-2)
+    Bx = B * x
+    if past_key_values is not None:
+        n = past_key_values.conv_index[self.layer_idx]
+        conv_state = past_key_values.conv_states[n]
+    else:
+        conv_state = torch.zeros(Bx.shape[0], Bx.shape[1], self.L_cache, dtype=Bx.dtype)
+    conv_out, new_conv_state = ov_causal_conv1d(conv_state, Bx, self.conv.weight, self.conv.bias)
+    if past_key_values is not None:
+        past_key_values.conv_states[n] = new_conv_state
+    return self.out_proj((C * conv_out).transpose(-1, -2).contiguous())
+
+
+def _patcher_class() -> type:
+    from optimum.exporters.openvino.model_patcher import OVDecoderModelPatcher
+
+    class Lfm2StatesPatcher(OVDecoderModelPatcher):
+        """Patches an LFM2 causal LM for tracing: states in and out as one list, traceable short convolutions."""
+
+        def __init__(self, config, model, model_kwargs: dict[str, Any] | None = None):
+            super().__init__(config, model, model_kwargs)
+            self.layer_types = list(self.real_config._config.layer_types)
+            # The exporter orders the traced inputs by `orig_forward`'s signature, so the patched
+            # forward stands in for it (as in optimum-intel's hybrid patchers).
+            self.model_orig_forward = self.orig_forward
+            self.patched_forward = self.orig_forward = self._states_forward
+
+        def _states_forward(self, input_ids, attention_mask=None, cache_params=None):
+            """`(input_ids, attention_mask, [conv..., key, value, ...]) -> {logits, present_key_values}`."""
+            import torch
+
+            if cache_params is None:
+                result = self.model_orig_forward(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
+                return {"logits": result.logits}
+            convs = self.layer_types.count("conv")
+            attentions = self.layer_types.count("full_attention")
+            states = Lfm2States(self.layer_types, list(cache_params[:convs]),
+                                [cache_params[convs + 2 * n] for n in range(attentions)],
+                                [cache_params[convs + 2 * n + 1] for n in range(attentions)], attention_mask)
+            past = states.get_seq_length()
+            position_ids = torch.arange(past, past + input_ids.shape[1]).unsqueeze(0)
+            result = self.model_orig_forward(input_ids=input_ids, attention_mask=attention_mask,
+                                             position_ids=position_ids, past_key_values=states, use_cache=True)
+            present = list(states.conv_states)
+            for key, value in zip(states.key_cache, states.value_cache):
+                present += [key, value]
+            return {"logits": result.logits, "present_key_values": present}
+
+        def _short_convs(self):
+            from transformers.models.lfm2.modeling_lfm2 import Lfm2ShortConv
+
+            return [layer.conv for layer in self._model.model.layers if isinstance(getattr(layer, "conv", None), Lfm2ShortConv)]
+
+        def __enter__(self):
+            super().__enter__()
+            setattr(self._model, self.orig_forward_name, self.patched_forward)
+            for conv in self._short_convs():
+                conv.forward = types.MethodType(lfm2_short_conv_forward, conv)
+
+        def __exit__(self, exc_type, exc_value, traceback):
+            super().__exit__(exc_type, exc_value, traceback)
+            setattr(self._model, self.orig_forward_name, self.model_orig_forward)
+            for conv in self._short_convs():  # back to the class's forward
+                del conv.forward
+
+    return Lfm2StatesPatcher
+
+
+def export_config(base: type) -> type:
+    """optimum-intel's `LFM2OpenVINOConfig` without its 5.4.0 cap, patching the model for transformers 5.5."""
+    return type(base.__name__, (base,), {
+        "__doc__": f"{base.__name__} for transformers 5.5 (see {__name__}).",
+        "__module__": __name__,
+        "MAX_TRANSFORMERS_VERSION": None,
+        "_MODEL_PATCHER": _patcher_class(),
+    })

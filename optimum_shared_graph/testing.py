@@ -55,10 +55,17 @@ _OVERRIDES: dict[str, dict[str, Any]] = {
     "gpt_neox": dict(rotary_pct=0.5),
     # optimum-intel's phi export config sizes the dummy cache with num_attention_heads (phi is multi-head)
     "phi": dict(partial_rotary_factor=0.5, num_key_value_heads=4),
-    # transformers 5.5's DbrxAttentionConfig has no rope_theta default: give the nested configs explicitly
+    # transformers 5.5's DbrxAttentionConfig has no rope_theta default: give the nested configs explicitly.
+    # Shaped like databricks/dbrx-instruct: grouped KV heads (8 of 48 there, 2 of 4 here), clip_qkv 8, rope_theta
+    # 500000 (the 5.5 rotary reads rope_parameters, the attention attn_config), fine-grained experts (16, top 4
+    # there; 8, top 2 here) with an intermediate 1.75 x hidden (10752 / 6144). transformers 5.5's MoE reads
+    # ffn_config.ffn_hidden_size as the model's hidden size and hidden_size as the experts' intermediate (PR #47671
+    # fixes it; a released checkpoint fails in PyTorch 5.5.4), so the two are given that way round, as 5.5's own
+    # DbrxModelTester does; clip_qkv None fails in 5.5's attention (torch.clamp with neither bound)
     "dbrx": dict(d_model=64, n_heads=4, n_layers=2, max_seq_len=512,
-                 attn_config={"kv_n_heads": 2, "rope_theta": 10000.0},
-                 ffn_config={"ffn_hidden_size": 128, "moe_num_experts": 4, "moe_top_k": 2}),
+                 rope_parameters={"rope_type": "default", "rope_theta": 500000.0},
+                 attn_config={"kv_n_heads": 2, "clip_qkv": 8.0, "rope_theta": 500000.0},
+                 ffn_config={"ffn_hidden_size": 64, "hidden_size": 112, "moe_num_experts": 8, "moe_top_k": 2}),
     # shaped like deepseek-ai/DeepSeek-V2-Lite: no query LoRA, softmax routing ("greedy" top-k, one group),
     # 2 shared experts, top-k weights not renormalized, YaRN rotary with its mscale 0.707
     "deepseek_v2": dict(_MLA, q_lora_rank=None, n_routed_experts=8, num_experts_per_tok=2, n_shared_experts=2,

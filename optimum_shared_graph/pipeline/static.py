@@ -255,7 +255,7 @@ def _kv_shapes(pt_model, batch: int, capacity: int) -> list[tuple[tuple[int, ...
 
     with torch.no_grad():
         out = pt_model(input_ids=torch.ones((1, 1), dtype=torch.int64), use_cache=True)
-    cache = out.past_key_values
+    cache = getattr(out, "past_key_values", None)  # state-space models return cache_params instead
     layers = getattr(cache, "layers", None)
     if not layers or any(getattr(layer, "keys", None) is None or layer.keys.ndim != 4 for layer in layers):
         raise ModelNotSupportedError(

@@ -16,7 +16,8 @@ _KNOWN_INPUTS = {"input_ids", "attention_mask", "position_ids", "beam_idx", "cac
 _PAST_PREFIXES = ("past_key_values", "cache_params.past")
 _PRESENT_PREFIXES = ("present", "cache_params.present")
 
-# Mamba-style graphs (a `cache_position` input) take the inputs of optimum-intel's
+# Mamba-style graphs (a `cache_position` input: optimum-intel's own mamba, falcon_mamba and zamba2
+# exports; the graphs of this package's mamba fix have none) take the inputs of optimum-intel's
 # OVModelWithMambaForCausalLM: at decode steps these types get the attention mask of the full
 # context, the others (mamba, falcon_mamba, zamba2) the mask of the new tokens only.
 FULL_MASK_STATE_SPACE_TYPES = frozenset(

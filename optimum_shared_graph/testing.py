@@ -89,6 +89,15 @@ _OVERRIDES: dict[str, dict[str, Any]] = {
     # rounded up to 256), tied embeddings
     "lfm2": dict(num_hidden_layers=4, layer_types=["conv", "conv", "full_attention", "conv"], conv_L_cache=3,
                  intermediate_size=384, block_auto_adjust_ff_dim=True, block_multiple_of=256, tie_word_embeddings=True),
+    # shaped like LiquidAI/LFM2-8B-A1B: its first four layers (conv, conv, attention, conv of its 18 conv + 6
+    # attention), the first two with a dense MLP (num_dense_layers 2) and the rest routed experts (32, top 4
+    # there; 8, top 2 here) with sigmoid routing, expert bias and normalized top-k weights; grouped KV heads
+    # (8 of 32 there, 1 of 4 here), MLP 3.5 x hidden and expert MLP 0.875 x hidden as there, conv L_cache 3,
+    # tied embeddings
+    "lfm2_moe": dict(num_hidden_layers=4, layer_types=["conv", "conv", "full_attention", "conv"], conv_L_cache=3,
+                     num_key_value_heads=1, intermediate_size=224, moe_intermediate_size=56, num_dense_layers=2,
+                     num_experts=8, num_experts_per_tok=2, use_expert_bias=True, norm_topk_prob=True,
+                     routed_scaling_factor=1.0, tie_word_embeddings=True),
     "gpt_neo": dict(num_layers=2, num_heads=4, attention_types=[[["global", "local"], 1]], window_size=256),
     # one Mamba-2 layer and one attention layer; mamba_n_heads * mamba_d_head = mamba_expand * hidden_size
     "granitemoehybrid": dict(layer_types=["mamba", "attention"], mamba_n_heads=8, mamba_d_head=16, mamba_expand=2,
@@ -107,8 +116,30 @@ _OVERRIDES: dict[str, dict[str, Any]] = {
                         num_kv_shared_layers=2, num_key_value_heads=1, head_dim=16, global_head_dim=32,
                         sliding_window=8, hidden_size_per_layer_input=16, vocab_size_per_layer_input=TINY_VOCAB,
                         use_double_wide_mlp=True, final_logit_softcapping=30.0, tie_word_embeddings=True),
+    # shaped like Zyphra/Zamba2-1.2B: Mamba-2 layers with a hybrid layer after each run of them (38 layers there,
+    # the 6 hybrid ones after every 5 mamba ones; mamba, hybrid x 2 here), the hybrid layers sharing one
+    # transformer block (num_mem_blocks 1) with per-position LoRA adapters (rank 128 of 2048 there, 8 of 64
+    # here) on q/k/v and the MLP, attention over [hidden, embeddings] (2 x hidden wide) with as many KV heads as
+    # heads and RoPE; Mamba-2 with head_dim intermediate / n_mamba_heads (64 x 64 there, 8 x 16 here), one group,
+    # d_conv 4, tied embeddings. chunk_size 16 (256 there) so prompts longer than 16 take transformers' multi-chunk
+    # scan in the reference
+    "zamba2": dict(num_hidden_layers=4, layers_block_type=["mamba", "hybrid", "mamba", "hybrid"],
+                   num_attention_heads=8, num_key_value_heads=8, n_mamba_heads=8, mamba_d_state=16, mamba_d_conv=4,
+                   mamba_expand=2, mamba_ngroups=1, chunk_size=16, num_mem_blocks=1, use_shared_attention_adapter=True,
+                   adapter_rank=8, use_mem_rope=True, intermediate_size=None, tie_word_embeddings=True),
     "codegen": dict(n_embd=64, n_layer=2, n_head=4, n_positions=512, rotary_dim=8),
     "gptj": dict(n_embd=64, n_layer=2, n_head=4, n_positions=512, rotary_dim=8),
+    # shaped like Qwen/Qwen3-Next-80B-A3B-Instruct: 3 gated-delta-net (linear attention) layers then 1 gated
+    # full-attention layer (full_attention_interval 4), 8 query heads on 1 KV head with heads x head_dim twice
+    # the hidden size (16 x 256 on 2 in the release), rotary on a quarter of the head (partial_rotary_factor
+    # 0.25, the config's default); linear attention with 2 value heads per key head (16 key, 32 value heads of
+    # 128 there: key width = hidden, value width = 2 x hidden), every layer MoE (decoder_sparse_step 1) with
+    # routed experts (512, top 10 there; 8, top 2 here) and a gated shared expert
+    "qwen3_next": dict(num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=1, head_dim=16,
+                       linear_num_key_heads=4, linear_num_value_heads=8, linear_key_head_dim=16,
+                       linear_value_head_dim=16, linear_conv_kernel_dim=4, num_experts=8, num_experts_per_tok=2,
+                       moe_intermediate_size=32, shared_expert_intermediate_size=32, decoder_sparse_step=1,
+                       norm_topk_prob=True),
 }
 
 

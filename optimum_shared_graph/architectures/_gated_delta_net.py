@@ -1,0 +1,215 @@
+"""What the gated-delta-net hybrids (Qwen3-Next, Qwen3.5) share under transformers 5.5: the cache and the patcher.
+
+transformers 5.5 removed the per-family hybrid caches optimum-intel's patchers subclass
+(`Qwen3NextDynamicCache`, `Qwen3_5DynamicCache`: a model now keeps its convolution and recurrent
+states in `LinearAttentionLayer`s of one `DynamicCache`), turned `has_previous_state` from a property
+into a method taking a layer index, and stores MoE experts as 3-D tensors (`gate_up_proj`,
+`down_proj`) behind a router returning `(logits, scores, indices)` instead of a list of MLPs.
+
+`GatedDeltaNetPatcher` keeps optimum-intel's graph: its recurrent gated-delta-net forward
+(`qwen3_next_gated_delta_net_forward` / `qwen3_5_gated_delta_net_forward`: `ov_causal_conv1d` and the
+`RecurrentAttentionCell` module converted to an OpenVINO loop by `convert_recurrent_attention_cell`),
+its vectorised MoE block for the 3-D experts (`patched_qwen3_5_moe_sparse_moe_block`), its inputs
+(`cache_params.past.conv.{i}` / `.ssm.{i}` per linear-attention layer, then `.key.{i}` / `.value.{i}`
+per full-attention layer). What changes is the cache the model sees: `GatedDeltaNetCache`, a plain
+holder of the graph's state tensors with the handful of methods the 5.5 model calls on a cache (as
+optimum-intel's own `GraniteMoeHybridModelPatcher` does under 5.5).
+
+Two behaviours are made explicit. The model only zeroes padded positions before a linear-attention
+layer when its cache reports no previous state, and a traced graph always has one (its state
+inputs), so the holder keeps the 2-D attention mask and every linear-attention layer multiplies its
+input by the mask's last `seq_len` columns (the zeroing transformers does at a left-padded prefill; a
+no-op at decode, whose new tokens are never padding). And the rotary positions are passed to the
+model as `arange(past, past + new)`, the form transformers 4.57 traced: 5.5 computes
+`arange(new) + past`, which OpenVINO's SDPA-to-PagedAttention rewrite (GenAI's default backend) does
+not map to its `position_ids`, so every prompt token got the same position there.
+"""
+
+from __future__ import annotations
+
+import types
+from typing import Any, Callable
+
+
+class GatedDeltaNetCache:
+    """The graph's states as the model sees them while optimum-intel traces it (transformers 5.5).
+
+    Linear-attention layers read and write `conv_states[i]` / `recurrent_states[i]` (indexed through
+    `linear_attn_mapping`, as optimum-intel's patched gated-delta-net forwards expect); full-attention
+    layers append to `key_cache[i]` / `value_cache[i]` through `update()` (indexed through
+    `full_attn_mapping`). `attention_mask` is the graph's 2-D mask over past and new tokens.
+    """
+
+    is_compileable = False
+
+    def __init__(self, layer_types: list[str], conv_states: list[Any], recurrent_states: list[Any],
+                 key_cache: list[Any], value_cache: list[Any], attention_mask: Any = None):
+        self.conv_states = conv_states
+        self.recurrent_states = recurrent_states
+        self.key_cache = key_cache
+        self.value_cache = value_cache
+        self.attention_mask = attention_mask
+        linear = [i for i, kind in enumerate(layer_types) if kind == "linear_attention"]
+        full = [i for i, kind in enumerate(layer_types) if kind == "full_attention"]
+        self.linear_attn_mapping = {layer: n for n, layer in enumerate(linear)}
+        self.full_attn_mapping = {layer: n for n, layer in enumerate(full)}
+
+    def update(self, key_states, value_states, layer_idx: int, cache_kwargs: dict | None = None):
+        """Append one full-attention layer's new keys and values; return the whole keys and values."""
+        n = self.full_attn_mapping[layer_idx]
+        self.key_cache[n] = _cat_sequence(self.key_cache[n], key_states)
+        self.value_cache[n] = _cat_sequence(self.value_cache[n], value_states)
+        return self.key_cache[n], self.value_cache[n]
+
+    def get_seq_length(self, layer_idx: int | None = 0) -> int:
+        """The number of past tokens (the first full-attention layer's cached length)."""
+        return self.key_cache[0].shape[-2] if self.key_cache else 0
+
+    def get_mask_sizes(self, query_length, layer_idx: int = 0) -> tuple[int, int]:
+        """`(kv_length, kv_offset)` for the causal mask: the past and the new tokens, from position 0."""
+        if hasattr(query_length, "shape") and len(query_length.shape) > 0:  # a 1-D cache_position (older calls)
+            query_length = query_length.shape[0]
+        return self.get_seq_length() + query_length, 0
+
+    @property
+    def is_sliding(self) -> list[bool]:
+        return [False]
+
+    def has_previous_state(self, layer_idx: int | None = None) -> bool:
+        """Always: the graph's state inputs are the previous state (zeros before the first token)."""
+        return True
+
+
+def _cat_sequence(past, new):
+    """`past` and `new` concatenated along the sequence axis (dim 2 of `[batch, heads, seq, dim]`)."""
+    import torch
+
+    return new if past is None else torch.cat([past, new], dim=2)
+
+
+def linear_attention_forward(layer, recurrent_forward: Callable) -> Callable:
+    """`layer`'s forward under transformers 5.5: padding zeroed from the graph's mask, then optimum-intel's recurrent form.
+
+    transformers 5.5 calls `linear_attn(hidden_states=..., cache_params=..., attention_mask=...)`, with
+    `attention_mask` None whenever the cache has a previous state (always, in the traced graph).
+    """
+
+    def forward(hidden_states, cache_params: GatedDeltaNetCache | None = None, attention_mask=None, **kwargs):
+        mask = cache_params.attention_mask if cache_params is not None else attention_mask
+        if mask is not None:
+            mask = mask[:, -hidden_states.shape[1]:]
+            hidden_states = hidden_states * mask[:, :, None].to(hidden_states.dtype)
+        return recurrent_forward(layer, hidden_states, cache_params=cache_params, attention_mask=None)
+
+    return forward
+
+
+def patcher_class() -> type:
+    """`GatedDeltaNetPatcher`, built on first use (optimum-intel and torch are imported only then)."""
+    import torch
+    from optimum.exporters.openvino._ov_ops import convert_recurrent_attention_cell
+    from optimum.exporters.openvino.model_patcher import (
+        OVDecoderModelPatcher,
+        RecurrentAttentionCell,
+        patched_qwen3_5_moe_sparse_moe_block,
+        patched_recurrent_gated_delta_rule,
+    )
+
+    class GatedDeltaNetPatcher(OVDecoderModelPatcher):
+        """optimum-intel's hybrid gated-delta-net patcher for transformers 5.5 (subclasses set the family's pieces).
+
+        The patched forward takes optimum-intel's inputs (`input_ids`, `attention_mask`, the flat
+        `cache_params` list: conv and recurrent state per linear-attention layer, then key and value
+        per full-attention layer) and returns `logits` and the present states in the same order.
+        """
+
+        @staticmethod
+        def recurrent_forward(layer, hidden_states, cache_params=None, attention_mask=None):
+            """optimum-intel's recurrent gated-delta-net forward for the family."""
+            raise NotImplementedError
+
+        @staticmethod
+        def sparse_moe_classes() -> tuple[type, ...]:
+            """The family's MoE block classes (3-D experts, router returning logits, scores, indices)."""
+            return ()
+
+        def __init__(self, config, model, model_kwargs: dict[str, Any] | None = None):
+            from openvino.frontend.pytorch import ConversionExtension, ModuleExtension
+
+            super().__init__(config, model, model_kwargs)
+            self._text_model = self._model.model
+            self._layer_types = list(self._text_model.config.layer_types)
+            self.model_orig_forward = self.orig_forward
+            self.patched_forward = self._states_forward
+            self.orig_forward = self._states_forward
+            self.module_extensions = {
+                RecurrentAttentionCell: ModuleExtension(RecurrentAttentionCell, "RecurrentAttentionCellOp"),
+            }
+            self.conversion_extensions = [
+                ConversionExtension("RecurrentAttentionCellOp", convert_recurrent_attention_cell),
+            ]
+
+        def _states_forward(self, input_ids, attention_mask=None, cache_params=None, position_ids=None,
+                            inputs_embeds=None):
+            """`(input_ids, attention_mask, cache_params) -> {"logits", "present_key_values"}`.
+
+            The positions handed to the model are `arange(past, past + new)`, the form transformers
+            4.57 traced (5.5 builds `arange(new) + past`, which OpenVINO's SDPA-to-PagedAttention
+            rewrite does not recognise: under GenAI's default backend every token of a prompt then got
+            the last token's position). A `position_ids` input (optimum-intel's Qwen3.5 text config
+            declares one) is accepted and unused, as in optimum-intel's own patcher: rotary attention
+            only sees the difference of two positions, so a left-padded row gives the same scores.
+            """
+            if cache_params is None:
+                out = self.model_orig_forward(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
+                return {"logits": out.logits}
+            n_linear = self._layer_types.count("linear_attention")
+            n_full = self._layer_types.count("full_attention")
+            states = list(cache_params)
+            cache = GatedDeltaNetCache(
+                self._layer_types,
+                conv_states=states[0:2 * n_linear:2], recurrent_states=states[1:2 * n_linear:2],
+                key_cache=states[2 * n_linear::2][:n_full], value_cache=states[2 * n_linear + 1::2][:n_full],
+                attention_mask=attention_mask,
+            )
+            past = cache.get_seq_length()
+            positions = torch.arange(past, past + input_ids.shape[1], dtype=torch.int64).unsqueeze(0)
+            out = self.model_orig_forward(input_ids=input_ids, attention_mask=attention_mask,
+                                          position_ids=positions, past_key_values=cache, use_cache=True)
+            present = []
+            for conv, recurrent in zip(cache.conv_states, cache.recurrent_states):
+                present += [conv, recurrent]
+            for key, value in zip(cache.key_cache, cache.value_cache):
+                present += [key, value]
+            return {"logits": out.logits, "present_key_values": present}
+
+        def __enter__(self):
+            super().__enter__()
+            setattr(self._model, self.orig_forward_name, self.patched_forward)
+            moe_classes = self.sparse_moe_classes()
+            for layer, kind in zip(self._text_model.layers, self._layer_types):
+                if kind == "linear_attention":
+                    attn = layer.linear_attn
+                    attn._orig_forward = attn.forward
+                    attn.forward = linear_attention_forward(attn, self.recurrent_forward)
+                    attn._orig_recurrent_gated_delta_rule = attn.recurrent_gated_delta_rule
+                    attn.recurrent_gated_delta_rule = patched_recurrent_gated_delta_rule
+                    attn.recurrent_attention_cell = RecurrentAttentionCell()
+                if moe_classes and isinstance(layer.mlp, moe_classes):
+                    layer.mlp._orig_forward = layer.mlp.forward
+                    layer.mlp.forward = types.MethodType(patched_qwen3_5_moe_sparse_moe_block, layer.mlp)
+
+        def __exit__(self, exc_type, exc_value, traceback):
+            super().__exit__(exc_type, exc_value, traceback)
+            setattr(self._model, self.orig_forward_name, self.model_orig_forward)
+            for layer in self._text_model.layers:
+                for module in (getattr(layer, "linear_attn", None), layer.mlp):
+                    if module is not None and hasattr(module, "_orig_forward"):
+                        module.forward = module._orig_forward
+                        del module._orig_forward
+                attn = getattr(layer, "linear_attn", None)
+                if attn is not None and hasattr(attn, "_orig_recurrent_gated_delta_rule"):
+                    attn.recurrent_gated_delta_rule = attn._orig_recurrent_gated_delta_rule
+                    del attn._orig_recurrent_gated_delta_rule, attn.recurrent_attention_cell
+
+    return GatedDeltaNetPatcher

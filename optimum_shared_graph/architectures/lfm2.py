@@ -1,4 +1,4 @@
-"""LFM2 under transformers 5.5: optimum-intel's LFM2 graph with a cache holder written for the 5.5 model.
+"""LFM2 and LFM2-MoE under transformers 5.5: optimum-intel's LFM2 graph with a cache holder for the 5.5 model.
 
 What broke: transformers 5.5 removed `Lfm2HybridConvCache` (LFM2 keeps its convolution states in a
 `DynamicCache` of `LinearAttentionLayer`s), so optimum-intel's `Lfm2ModelPatcher`, whose cache wrapper
@@ -21,7 +21,15 @@ What the fix does, in the way optimum-intel's GraniteMoeHybridModelPatcher does 
   `arange(seq_len) + past`, the same values, is not rewritten there, and GenAI's default backend then
   drifts from PyTorch after a few tokens).
 
-The graph interface is optimum-intel's LFM2 interface: `input_ids`, `attention_mask` (the whole
+LFM2-MoE (`lfm2_moe`) is LFM2 with routed experts in the feed-forward of the layers after the first
+`num_dense_layers`. optimum-intel's `Lfm2MoeModelPatcher` subclasses `Lfm2ModelPatcher` (so it breaks
+the same way, and its config has the same 5.4.0 cap) and adds one thing, kept here: each
+`Lfm2MoeExperts` runs optimum-intel's `lfm2_moe_experts_forward` (every expert on every token as batched
+matmuls, weighted by the dense routing weights) instead of transformers' default "grouped_mm" experts,
+which do not convert (`aten::histc` has no OpenVINO rule). Its short convolution (`Lfm2MoeShortConv`) is
+LFM2's and is patched the same way.
+
+The graph interface is optimum-intel's LFM2 interface (the same for LFM2-MoE): `input_ids`, `attention_mask` (the whole
 context's), and `cache_params.past.conv.{i}` [batch, hidden, L_cache] for each convolution layer,
 then `cache_params.past.key.{i}` / `cache_params.past.value.{i}` for each attention layer, all states
 of the one stateful graph.
@@ -32,10 +40,11 @@ from __future__ import annotations
 import types
 from typing import Any
 
-MODEL_TYPES = ("lfm2",)
+MODEL_TYPES = ("lfm2", "lfm2_moe")
 TRANSFORMERS = ">=5.5"
 SUMMARY = ("optimum-intel's LFM2 graph with a cache holder for transformers 5.5's model (Lfm2HybridConvCache was "
-           "removed) and the short convolutions as ov_causal_conv1d on the masked input")
+           "removed) and the short convolutions as ov_causal_conv1d on the masked input; LFM2-MoE's experts on "
+           "optimum-intel's lfm2_moe_experts_forward (grouped_mm does not convert)")
 
 
 class Lfm2States:
@@ -80,7 +89,8 @@ class Lfm2States:
 
 
 def lfm2_short_conv_forward(self, hidden_states, past_key_values: Lfm2States | None = None, attention_mask=None):
-    """`Lfm2ShortConv.forward` of transformers 5.5 in one traceable path for the prompt and each new token."""
+    """`Lfm2ShortConv.forward` (and `Lfm2MoeShortConv.forward`) of transformers 5.5 in one traceable path for the
+    prompt and each new token."""
     import torch
     from optimum.exporters.openvino.model_patcher import ov_causal_conv1d
 
@@ -103,11 +113,21 @@ def lfm2_short_conv_forward(self, hidden_states, past_key_values: Lfm2States | N
     return self.out_proj((C * conv_out).transpose(-1, -2).contiguous())
 
 
+def _module_classes(suffix: str) -> tuple[type, ...]:
+    """transformers' `Lfm2<suffix>` and `Lfm2Moe<suffix>` classes that exist (`ShortConv`, `Experts`)."""
+    from transformers.models.lfm2 import modeling_lfm2
+    from transformers.models.lfm2_moe import modeling_lfm2_moe
+
+    found = [getattr(modeling_lfm2, f"Lfm2{suffix}", None), getattr(modeling_lfm2_moe, f"Lfm2Moe{suffix}", None)]
+    return tuple(cls for cls in found if cls is not None)
+
+
 def _patcher_class() -> type:
     from optimum.exporters.openvino.model_patcher import OVDecoderModelPatcher
 
     class Lfm2StatesPatcher(OVDecoderModelPatcher):
-        """Patches an LFM2 causal LM for tracing: states in and out as one list, traceable short convolutions."""
+        """Patches an LFM2 (or LFM2-MoE) causal LM for tracing: states in and out as one list, traceable short
+        convolutions, LFM2-MoE's experts as optimum-intel's `lfm2_moe_experts_forward`."""
 
         def __init__(self, config, model, model_kwargs: dict[str, Any] | None = None):
             super().__init__(config, model, model_kwargs)
@@ -138,28 +158,39 @@ def _patcher_class() -> type:
                 present += [key, value]
             return {"logits": result.logits, "present_key_values": present}
 
-        def _short_convs(self):
-            from transformers.models.lfm2.modeling_lfm2 import Lfm2ShortConv
+        def _short_convs(self) -> list:
+            """The model's short-convolution modules (`Lfm2ShortConv` or `Lfm2MoeShortConv`)."""
+            kinds = _module_classes("ShortConv")
+            return [layer.conv for layer in self._model.model.layers if isinstance(getattr(layer, "conv", None), kinds)]
 
-            return [layer.conv for layer in self._model.model.layers if isinstance(getattr(layer, "conv", None), Lfm2ShortConv)]
+        def _experts(self) -> list:
+            """LFM2-MoE's `Lfm2MoeExperts` modules (none in LFM2)."""
+            kinds = _module_classes("Experts")
+            return [layer.feed_forward.experts for layer in self._model.model.layers
+                    if isinstance(getattr(layer.feed_forward, "experts", None), kinds)]
 
         def __enter__(self):
+            from optimum.exporters.openvino.model_patcher import lfm2_moe_experts_forward
+
             super().__enter__()
             setattr(self._model, self.orig_forward_name, self.patched_forward)
             for conv in self._short_convs():
                 conv.forward = types.MethodType(lfm2_short_conv_forward, conv)
+            for experts in self._experts():  # as optimum-intel's Lfm2MoeModelPatcher
+                experts.forward = types.MethodType(lfm2_moe_experts_forward, experts)
 
         def __exit__(self, exc_type, exc_value, traceback):
             super().__exit__(exc_type, exc_value, traceback)
             setattr(self._model, self.orig_forward_name, self.model_orig_forward)
-            for conv in self._short_convs():  # back to the class's forward
-                del conv.forward
+            for module in self._short_convs() + self._experts():  # back to the class's forward
+                del module.forward
 
     return Lfm2StatesPatcher
 
 
 def export_config(base: type) -> type:
-    """optimum-intel's `LFM2OpenVINOConfig` without its 5.4.0 cap, patching the model for transformers 5.5."""
+    """optimum-intel's `LFM2OpenVINOConfig` / `LFM2MoeOpenVINOConfig` without the 5.4.0 cap, patching the model for
+    transformers 5.5."""
     return type(base.__name__, (base,), {
         "__doc__": f"{base.__name__} for transformers 5.5 (see {__name__}).",
         "__module__": __name__,

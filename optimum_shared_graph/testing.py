@@ -121,11 +121,12 @@ _OVERRIDES: dict[str, dict[str, Any]] = {
     # transformer block (num_mem_blocks 1) with per-position LoRA adapters (rank 128 of 2048 there, 8 of 64
     # here) on q/k/v and the MLP, attention over [hidden, embeddings] (2 x hidden wide) with as many KV heads as
     # heads and RoPE; Mamba-2 with head_dim intermediate / n_mamba_heads (64 x 64 there, 8 x 16 here), one group,
-    # d_conv 4, tied embeddings. chunk_size 16 (256 there) so prompts longer than 16 take transformers' multi-chunk
-    # scan in the reference
+    # d_conv 4, chunk_size 256, tied embeddings. (transformers 5.5's CPU scan is wrong past one chunk: its inter-chunk
+    # recurrence sums over the wrong axis, transformers PR #47250; a chunk smaller than the checks' prompts would
+    # make the PyTorch reference differ from its own token-by-token decoding)
     "zamba2": dict(num_hidden_layers=4, layers_block_type=["mamba", "hybrid", "mamba", "hybrid"],
                    num_attention_heads=8, num_key_value_heads=8, n_mamba_heads=8, mamba_d_state=16, mamba_d_conv=4,
-                   mamba_expand=2, mamba_ngroups=1, chunk_size=16, num_mem_blocks=1, use_shared_attention_adapter=True,
+                   mamba_expand=2, mamba_ngroups=1, chunk_size=256, num_mem_blocks=1, use_shared_attention_adapter=True,
                    adapter_rank=8, use_mem_rope=True, intermediate_size=None, tie_word_embeddings=True),
     "codegen": dict(n_embd=64, n_layer=2, n_head=4, n_positions=512, rotary_dim=8),
     "gptj": dict(n_embd=64, n_layer=2, n_head=4, n_positions=512, rotary_dim=8),

@@ -21,8 +21,8 @@ from conftest import EXACT, PROMPTS, run_cli
 from optimum_shared_graph import architectures, read_manifest
 
 # The model types this package repairs under transformers 5.5 (optimum-intel's own configs fail there).
-REPAIRED = ["deepseek_v2", "deepseek_v3", "falcon_mamba", "gemma4_text", "lfm2", "lfm2_moe", "mamba",
-            "qwen3_5_moe_text", "qwen3_5_text", "qwen3_next"]
+REPAIRED = ["dbrx", "deepseek_v2", "deepseek_v3", "falcon_mamba", "gemma4_text", "lfm2", "lfm2_moe", "mamba",
+            "qwen3_5_moe_text", "qwen3_5_text", "qwen3_next", "zamba2"]
 
 # With a pure KV cache, so a static export too; the others carry convolution / SSM / linear-attention state.
 KV_CACHE_ONLY = {"deepseek_v2", "deepseek_v3", "gemma4_text"}

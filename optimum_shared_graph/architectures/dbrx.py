@@ -25,6 +25,7 @@ the installed classes' computation (it calls their GLU), so it reproduces whatev
 from __future__ import annotations
 
 import types
+from typing import Self
 
 MODEL_TYPES = ("dbrx",)
 TRANSFORMERS = ">=5.5"
@@ -62,7 +63,7 @@ def export_config(base: type) -> type:
     class DbrxPatcher(OVDecoderModelPatcher):
         """optimum-intel's decoder patcher, plus DBRX's experts computed densely (no loop over the hit experts)."""
 
-        def __enter__(self) -> "DbrxPatcher":
+        def __enter__(self) -> Self:
             super().__enter__()
             for block in self._model.transformer.blocks:
                 experts = block.ffn.experts

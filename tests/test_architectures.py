@@ -25,7 +25,12 @@ REPAIRED = ["dbrx", "deepseek_v2", "deepseek_v3", "falcon_mamba", "gemma4_text",
             "qwen3_5_moe_text", "qwen3_5_text", "qwen3_next", "zamba2"]
 
 # With a pure KV cache, so a static export too; the others carry convolution / SSM / linear-attention state.
-KV_CACHE_ONLY = {"deepseek_v2", "deepseek_v3", "gemma4_text"}
+KV_CACHE_ONLY = {"dbrx", "deepseek_v2", "deepseek_v3", "gemma4_text"}
+
+# optimum-intel's OVModelForCausalLM feeds these mamba-style graphs only the new tokens' attention mask after the
+# prompt (runtimes/session.py), so a left-padded row's attention layers cannot tell its padding from its past:
+# their left-padded batch is checked through GenAI, which feeds the whole context's mask.
+PADDED_BATCH_THROUGH_GENAI_ONLY = {"zamba2"}
 
 # One of each kind in the default run: multi-head latent attention with routed experts (a pure KV cache,
 # static too), and a hybrid with linear-attention state beside a KV cache. The rest: `pytest -m coverage`.
@@ -140,8 +145,10 @@ def test_repaired_type_exports_one_graph_with_parity(model_type, tiny_model, tmp
         assert torch.equal(ours, ref), prompt
     enc, ref = _pytorch_greedy(str(path), tuple(PROMPTS[:2]))
     assert (enc["attention_mask"] == 0).any()  # really left-padded
-    ours = ov_model.generate(**enc, max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, do_sample=False, pad_token_id=0)
-    assert torch.equal(ours, ref)
+    if model_type not in PADDED_BATCH_THROUGH_GENAI_ONLY:
+        ours = ov_model.generate(**enc, max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, do_sample=False,
+                                 pad_token_id=0)
+        assert torch.equal(ours, ref)
     del ov_model
 
     # OpenVINO GenAI's LLMPipeline, as shipped (its default attention backend)
@@ -151,6 +158,11 @@ def test_repaired_type_exports_one_graph_with_parity(model_type, tiny_model, tmp
         enc, ref = _pytorch_greedy(str(path), (prompt,))
         inputs = ov_genai.TokenizedInputs(ov.Tensor(enc["input_ids"].numpy()), ov.Tensor(enc["attention_mask"].numpy()))
         assert list(pipe.generate(inputs, config).tokens[0]) == ref[0, enc["input_ids"].shape[1]:].tolist(), prompt
+    if model_type in PADDED_BATCH_THROUGH_GENAI_ONLY:
+        enc, ref = _pytorch_greedy(str(path), tuple(PROMPTS[:2]))
+        inputs = ov_genai.TokenizedInputs(ov.Tensor(enc["input_ids"].numpy()), ov.Tensor(enc["attention_mask"].numpy()))
+        result = pipe.generate(inputs, config)
+        assert [list(t) for t in result.tokens] == ref[:, enc["input_ids"].shape[1]:].tolist()
     del pipe
 
     if model_type in KV_CACHE_ONLY:  # a static export (C = 4), run through runtime()

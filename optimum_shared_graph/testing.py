@@ -141,6 +141,30 @@ _OVERRIDES: dict[str, dict[str, Any]] = {
                        linear_value_head_dim=16, linear_conv_kernel_dim=4, num_experts=8, num_experts_per_tok=2,
                        moe_intermediate_size=32, shared_expert_intermediate_size=32, decoder_sparse_step=1,
                        norm_topk_prob=True),
+    # shaped like the dense Qwen3.5 text decoder as Qwen3_5TextConfig's defaults give it (its docstring names
+    # Qwen/Qwen3.5-27B): 3 gated-delta-net layers then 1 gated full-attention layer, 4 query heads per KV head
+    # with heads x head_dim = hidden (16 x 256 on 4 there), MLP 3 x hidden; linear attention with 2 value heads
+    # per key head (16 key, 32 value heads of 128: key width hidden / 2, value width hidden); rotary on a
+    # quarter of the head with the release's interleaved M-RoPE (mrope_section [11, 11, 10] over 32 rotary
+    # frequencies there, [1, 1, 0] over 2 here) and rope_theta 1e7
+    "qwen3_5_text": dict(num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=1, head_dim=16,
+                         intermediate_size=192, linear_num_key_heads=2, linear_num_value_heads=4,
+                         linear_key_head_dim=16, linear_value_head_dim=16, linear_conv_kernel_dim=4,
+                         rope_parameters={"rope_type": "default", "rope_theta": 10000000.0,
+                                          "partial_rotary_factor": 0.25, "mrope_section": [1, 1, 0],
+                                          "mrope_interleaved": True}),
+    # shaped like Qwen/Qwen3.5-35B-A3B (Qwen3_5MoeTextConfig's defaults): 3 gated-delta-net layers then 1 gated
+    # full-attention layer, 8 query heads per KV head with heads x head_dim twice the hidden size (16 x 256 on 2
+    # there); linear attention with 2 value heads per key head (16 key, 32 value heads of 128: key width =
+    # hidden, value width = 2 x hidden); every layer MoE with routed experts (256, top 8 there; 8, top 2 here)
+    # and a gated shared expert; the same interleaved M-RoPE as the dense model
+    "qwen3_5_moe_text": dict(num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=1, head_dim=16,
+                             linear_num_key_heads=4, linear_num_value_heads=8, linear_key_head_dim=16,
+                             linear_value_head_dim=16, linear_conv_kernel_dim=4, num_experts=8,
+                             num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=32,
+                             rope_parameters={"rope_type": "default", "rope_theta": 10000000.0,
+                                              "partial_rotary_factor": 0.25, "mrope_section": [1, 1, 0],
+                                              "mrope_interleaved": True}),
 }
 
 

@@ -140,6 +140,7 @@ def patcher_class() -> type:
             self._text_model = self._model.model
             self._layer_types = list(self._text_model.config.layer_types)
             self.model_orig_forward = self.orig_forward
+            self.positions = None  # the rotary positions of the call being traced, (1, seq)
             self.patched_forward = self._states_forward
             self.orig_forward = self._states_forward
             self.module_extensions = {
@@ -160,6 +161,7 @@ def patcher_class() -> type:
             declares one) is accepted and unused, as in optimum-intel's own patcher: rotary attention
             only sees the difference of two positions, so a left-padded row gives the same scores.
             """
+            self.positions = None
             if cache_params is None:
                 out = self.model_orig_forward(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
                 return {"logits": out.logits}
@@ -173,9 +175,9 @@ def patcher_class() -> type:
                 attention_mask=attention_mask,
             )
             past = cache.get_seq_length()
-            positions = torch.arange(past, past + input_ids.shape[1], dtype=torch.int64).unsqueeze(0)
+            self.positions = torch.arange(past, past + input_ids.shape[1], dtype=torch.int64).unsqueeze(0)
             out = self.model_orig_forward(input_ids=input_ids, attention_mask=attention_mask,
-                                          position_ids=positions, past_key_values=cache, use_cache=True)
+                                          position_ids=self.positions, past_key_values=cache, use_cache=True)
             present = []
             for conv, recurrent in zip(cache.conv_states, cache.recurrent_states):
                 present += [conv, recurrent]

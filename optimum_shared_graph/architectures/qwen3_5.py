@@ -1,0 +1,97 @@
+"""Qwen3.5 text decoders under transformers 5.5: optimum-intel's Qwen3_5ModelPatcher graph with a 5.5 cache holder.
+
+What broke: transformers 5.5 removed `Qwen3_5DynamicCache`, which optimum-intel's `Qwen3_5ModelPatcher`
+(and `Qwen3_5MoeModelPatcher`, its subclass) imports and subclasses first thing, so the export stops
+at that import; the model now keeps its states in one `DynamicCache` and calls
+`has_previous_state(layer_idx)` as a method. `Qwen3_5TextOpenVINOConfig` also caps transformers at
+5.2.99.
+
+The fix (`_gated_delta_net.GatedDeltaNetPatcher`) keeps optimum-intel's graph: the same inputs
+(`input_ids`, `attention_mask`, its `position_ids`, accepted and unused as in its own text patcher;
+`cache_params.past.conv.{i}` / `.ssm.{i}` per linear-attention layer, `.key.{i}` / `.value.{i}` per
+full-attention layer, all states of the one stateful graph), its recurrent gated-delta-net forward
+(`qwen3_5_gated_delta_net_forward` with `ov_causal_conv1d` and the `RecurrentAttentionCell` loop), and
+for the MoE variant its vectorised `patched_qwen3_5_moe_sparse_moe_block`, which still fits the 5.5
+block. The model sees the graph's states through a plain holder, and left padding is zeroed before
+every linear-attention layer from the graph's attention mask, as transformers does at prefill.
+
+The rotary positions are `arange(past, past + new)` and the rotary embedding is traced as plain RoPE
+on them: for a text-only decoder the three interleaved M-RoPE axes carry the same positions, so the
+interleaving changes nothing, and traced as transformers writes it (positions repeated on 4 axes,
+sliced, interleaved by slice assignment) OpenVINO's SDPA-to-PagedAttention rewrite cannot map the
+angles to its `position_ids`: under GenAI's default backend every prompt token got the last token's
+position.
+"""
+
+from __future__ import annotations
+
+MODEL_TYPES = ("qwen3_5_text", "qwen3_5_moe_text")
+TRANSFORMERS = ">=5.5"
+SUMMARY = ("optimum-intel's Qwen3_5ModelPatcher graph with a state holder for transformers 5.5's cache "
+           "(Qwen3_5DynamicCache was removed), left padding zeroed before the linear-attention layers, "
+           "and the text-only M-RoPE traced as plain RoPE on arange(past, past + L) positions, the form "
+           "GenAI's PagedAttention rewrite recognises")
+
+
+def _text_rotary(rotary, x, positions):
+    """Qwen3.5's interleaved M-RoPE for a text-only decoder, as plain RoPE on the text `positions` (batch, seq).
+
+    A text decoder's temporal, height and width positions are all its text positions, so interleaving
+    their frequencies (`apply_interleaved_mrope`) returns the frequencies unchanged. Traced the way
+    transformers does it (positions repeated on 4 axes, sliced, interleaved by slice assignment),
+    OpenVINO's PagedAttention rewrite cannot follow the rotary angles back to the positions.
+    """
+    import torch
+
+    inv_freq = rotary.inv_freq[None, :, None].float().expand(positions.shape[0], -1, 1)
+    freqs = (inv_freq @ positions[:, None, :].float()).transpose(1, 2)
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return (emb.cos() * rotary.attention_scaling).to(x.dtype), (emb.sin() * rotary.attention_scaling).to(x.dtype)
+
+
+def _patcher_class() -> type:
+    from optimum.exporters.openvino.model_patcher import qwen3_5_gated_delta_net_forward
+
+    from ._gated_delta_net import patcher_class
+
+    class Qwen3_5Patcher(patcher_class()):
+        """The gated-delta-net patcher with Qwen3.5's recurrent forward, text rotary and (MoE variant) MoE block."""
+
+        recurrent_forward = staticmethod(qwen3_5_gated_delta_net_forward)
+
+        @staticmethod
+        def sparse_moe_classes() -> tuple[type, ...]:
+            from transformers.models.qwen3_5_moe.modeling_qwen3_5_moe import Qwen3_5MoeSparseMoeBlock
+
+            return (Qwen3_5MoeSparseMoeBlock,)
+
+        def __enter__(self):
+            super().__enter__()
+            rotary = self._text_model.rotary_emb
+
+            def text_rotary_forward(x, position_ids):
+                """The rotary angles of the positions the patched forward built (else the model's text axis)."""
+                positions = self.positions
+                if positions is None:
+                    positions = position_ids[0] if position_ids.ndim == 3 else position_ids
+                return _text_rotary(rotary, x, positions)
+
+            rotary._orig_forward = rotary.forward
+            rotary.forward = text_rotary_forward
+
+        def __exit__(self, exc_type, exc_value, traceback):
+            super().__exit__(exc_type, exc_value, traceback)
+            rotary = self._text_model.rotary_emb
+            rotary.forward = rotary._orig_forward
+            del rotary._orig_forward
+
+    return Qwen3_5Patcher
+
+
+def export_config(base: type) -> type:
+    """optimum-intel's Qwen3.5 text config (dense or MoE) without its 5.2.99 cap, patching the model for 5.5."""
+    return type(base.__name__, (base,), {
+        "__doc__": f"{base.__name__} with a patcher for transformers 5.5 (see {__name__}).",
+        "MAX_TRANSFORMERS_VERSION": None,
+        "_MODEL_PATCHER": _patcher_class(),
+    })

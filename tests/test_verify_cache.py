@@ -15,7 +15,7 @@ import pytest
 
 import optimum_shared_graph as osg
 from optimum_shared_graph import InvalidOptionsError, ManifestError, read_manifest
-from optimum_shared_graph.manifest import MANIFEST_NAME, VERIFY_ENV, hash_graph_files
+from optimum_shared_graph.manifest import VERIFY_ENV, hash_graph_files
 from optimum_shared_graph.verified import (
     CACHE_DIR_ENV, CACHE_FILE, MAX_ENTRIES, MISSING_GRACE_NS, SETTLED_NS, FileIdentity, VerifiedFiles,
 )

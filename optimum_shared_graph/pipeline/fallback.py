@@ -13,7 +13,7 @@ import inspect
 import warnings
 from typing import Any
 
-from ..errors import FallbackWarning, SharedGraphError
+from ..errors import FallbackWarning
 from ..registration import supported_model_types
 from ..tasks import BASE_TASK, TASK, VLM_TASK
 

@@ -180,7 +180,6 @@ def fp32_compute(model: torch.nn.Module, chunk_bytes: int = 64 * 2**20, mode: st
     try:
         if whole_forward:
             held = [m for n, m in model.named_modules() if n in set(whole_forward)]
-            held_ids = {id(m) for m in held}
 
             def top_pre(mod, args, kwargs):
                 stash.setdefault("top", []).append(([x for m in held for x in _swap_in(m, True, report, "top", pool=pool, key=f"held:{id(m)}")], F.embedding))

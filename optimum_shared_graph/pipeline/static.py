@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Iterator
 
@@ -33,7 +32,7 @@ import numpy as np
 
 from ..errors import InvalidOptionsError, ModelNotSupportedError
 from ..graph.logits import slice_logits
-from ..graph.static import StaticShapes, make_static_stateful, shapes_of
+from ..graph.static import StaticShapes, make_static_stateful
 from ..manifest import GRAPH_BIN, GRAPH_XML, STATIC_GRAPH_XML
 from ..options import DEFAULT_MAX_CACHE_CAP, ExportOptions
 from .decompose import capture_generation, with_float32_reference

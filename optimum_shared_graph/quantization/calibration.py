@@ -5,18 +5,15 @@ The two calibrations built on it: `both_stages` (the dynamic graph, on prefill a
 `static` (the static graph, on the calls a static runtime makes). docs/quantization.md explains both.
 """
 
-import contextlib
 import gc
-import inspect
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 
-from ..errors import InvalidOptionsError, SharedGraphError
-from ..progress import bar
+from ..errors import InvalidOptionsError
 
 # Decode calls gathered after each prefill (ExportOptions.calibration_decode_steps has the default).
 

@@ -100,3 +100,15 @@ def test_no_import_cycle():
 def test_the_checks_see_function_level_imports(tmp_path):
     """The graph counts an import inside a function (the kind that used to hide cycles)."""
     assert "optimum_shared_graph.pipeline.static" in _graph()["optimum_shared_graph.pipeline.export"]
+
+
+def test_every_subpackage_is_installed():
+    """setup.cfg lists the packages by name: a new subpackage missing there is absent from an installed copy
+    (the tests that run optimum-cli in a subprocess use the installed package)."""
+    import configparser
+
+    config = configparser.ConfigParser()
+    config.read(PACKAGE.parent / "setup.cfg")
+    listed = {line.strip() for line in config["options"]["packages"].splitlines() if line.strip()}
+    found = {".".join(path.parent.relative_to(PACKAGE.parent).parts) for path in PACKAGE.rglob("__init__.py")}
+    assert found - listed == set(), f"subpackages missing from setup.cfg's packages: {sorted(found - listed)}"

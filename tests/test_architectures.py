@@ -111,6 +111,15 @@ def _pytorch_greedy(path: str, prompts: tuple[str, ...]):
     return enc, out
 
 
+def _assert_greedy_parity(model, path) -> None:
+    """`model.generate()` (greedy) gives PyTorch's tokens for each prompt alone."""
+    for prompt in PROMPTS:
+        enc, ref = _pytorch_greedy(str(path), (prompt,))
+        ours = model.generate(**enc, max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, do_sample=False,
+                              pad_token_id=0)
+        assert torch.equal(ours, ref), prompt
+
+
 def _cases():
     return [pytest.param(t, marks=() if t in DEFAULT_RUN else (pytest.mark.coverage, pytest.mark.slow))
             for t in REPAIRED]
@@ -138,11 +147,7 @@ def test_repaired_type_exports_one_graph_with_parity(model_type, tiny_model, tmp
 
     # OVModelForCausalLM: each prompt alone, then the prompts left-padded in one batch
     ov_model = OVModelForCausalLM.from_pretrained(out, ov_config=EXACT)
-    for prompt in PROMPTS:
-        enc, ref = _pytorch_greedy(str(path), (prompt,))
-        ours = ov_model.generate(**enc, max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, do_sample=False,
-                                 pad_token_id=0)
-        assert torch.equal(ours, ref), prompt
+    _assert_greedy_parity(ov_model, path)
     enc, ref = _pytorch_greedy(str(path), tuple(PROMPTS[:2]))
     assert (enc["attention_mask"] == 0).any()  # really left-padded
     if model_type not in PADDED_BATCH_THROUGH_GENAI_ONLY:
@@ -173,11 +178,7 @@ def test_repaired_type_exports_one_graph_with_parity(model_type, tiny_model, tmp
                 "--static-query-len", "4", "--max-cache-len", "128", str(static), check=True)
         assert read_manifest(static).model["fixes"][0]["fix"] == fix.__name__
         model = osg.runtime(static, ov_config=EXACT)
-        for prompt in PROMPTS:
-            enc, ref = _pytorch_greedy(str(path), (prompt,))
-            ours = model.generate(**enc, max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, do_sample=False,
-                                  pad_token_id=0)
-            assert torch.equal(ours, ref), prompt
+        _assert_greedy_parity(model, path)
     else:  # state other than a KV cache has no static form: refused with one line, nothing written
         static = tmp_path / "static"
         proc = run_cli("export", "openvino", "-m", str(path), "--task", "text-generation-shared", "--shape-mode",

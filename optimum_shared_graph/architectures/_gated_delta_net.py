@@ -30,61 +30,25 @@ from __future__ import annotations
 import types
 from typing import Any, Callable
 
+from ._states import AttentionStates, layers_of, use_recurrent_cell
 
-class GatedDeltaNetCache:
+
+class GatedDeltaNetCache(AttentionStates):
     """The graph's states as the model sees them while optimum-intel traces it (transformers 5.5).
 
     Linear-attention layers read and write `conv_states[i]` / `recurrent_states[i]` (indexed through
     `linear_attn_mapping`, as optimum-intel's patched gated-delta-net forwards expect); full-attention
-    layers append to `key_cache[i]` / `value_cache[i]` through `update()` (indexed through
-    `full_attn_mapping`). `attention_mask` is the graph's 2-D mask over past and new tokens.
+    layers append to `key_cache` / `value_cache` through `update()`. `attention_mask` is the graph's 2-D
+    mask over past and new tokens.
     """
-
-    is_compileable = False
 
     def __init__(self, layer_types: list[str], conv_states: list[Any], recurrent_states: list[Any],
                  key_cache: list[Any], value_cache: list[Any], attention_mask: Any = None):
+        super().__init__(layers_of(layer_types, "full_attention"), key_cache, value_cache, attention_mask)
         self.conv_states = conv_states
         self.recurrent_states = recurrent_states
-        self.key_cache = key_cache
-        self.value_cache = value_cache
-        self.attention_mask = attention_mask
-        linear = [i for i, kind in enumerate(layer_types) if kind == "linear_attention"]
-        full = [i for i, kind in enumerate(layer_types) if kind == "full_attention"]
+        linear = layers_of(layer_types, "linear_attention")
         self.linear_attn_mapping = {layer: n for n, layer in enumerate(linear)}
-        self.full_attn_mapping = {layer: n for n, layer in enumerate(full)}
-
-    def update(self, key_states, value_states, layer_idx: int, cache_kwargs: dict | None = None):
-        """Append one full-attention layer's new keys and values; return the whole keys and values."""
-        n = self.full_attn_mapping[layer_idx]
-        self.key_cache[n] = _cat_sequence(self.key_cache[n], key_states)
-        self.value_cache[n] = _cat_sequence(self.value_cache[n], value_states)
-        return self.key_cache[n], self.value_cache[n]
-
-    def get_seq_length(self, layer_idx: int | None = 0) -> int:
-        """The number of past tokens (the first full-attention layer's cached length)."""
-        return self.key_cache[0].shape[-2] if self.key_cache else 0
-
-    def get_mask_sizes(self, query_length, layer_idx: int = 0) -> tuple[int, int]:
-        """`(kv_length, kv_offset)` for the causal mask: the past and the new tokens, from position 0."""
-        if hasattr(query_length, "shape") and len(query_length.shape) > 0:  # a 1-D cache_position (older calls)
-            query_length = query_length.shape[0]
-        return self.get_seq_length() + query_length, 0
-
-    @property
-    def is_sliding(self) -> list[bool]:
-        return [False]
-
-    def has_previous_state(self, layer_idx: int | None = None) -> bool:
-        """Always: the graph's state inputs are the previous state (zeros before the first token)."""
-        return True
-
-
-def _cat_sequence(past, new):
-    """`past` and `new` concatenated along the sequence axis (dim 2 of `[batch, heads, seq, dim]`)."""
-    import torch
-
-    return new if past is None else torch.cat([past, new], dim=2)
 
 
 def linear_attention_forward(layer, recurrent_forward: Callable) -> Callable:
@@ -134,8 +98,6 @@ def patcher_class() -> type:
             return ()
 
         def __init__(self, config, model, model_kwargs: dict[str, Any] | None = None):
-            from openvino.frontend.pytorch import ConversionExtension, ModuleExtension
-
             super().__init__(config, model, model_kwargs)
             self._text_model = self._model.model
             self._layer_types = list(self._text_model.config.layer_types)
@@ -143,12 +105,7 @@ def patcher_class() -> type:
             self.positions = None  # the rotary positions of the call being traced, (1, seq)
             self.patched_forward = self._states_forward
             self.orig_forward = self._states_forward
-            self.module_extensions = {
-                RecurrentAttentionCell: ModuleExtension(RecurrentAttentionCell, "RecurrentAttentionCellOp"),
-            }
-            self.conversion_extensions = [
-                ConversionExtension("RecurrentAttentionCellOp", convert_recurrent_attention_cell),
-            ]
+            use_recurrent_cell(self, RecurrentAttentionCell, convert_recurrent_attention_cell)
 
         def _states_forward(self, input_ids, attention_mask=None, cache_params=None, position_ids=None,
                             inputs_embeds=None):
@@ -178,12 +135,8 @@ def patcher_class() -> type:
             self.positions = torch.arange(past, past + input_ids.shape[1], dtype=torch.int64).unsqueeze(0)
             out = self.model_orig_forward(input_ids=input_ids, attention_mask=attention_mask,
                                           position_ids=self.positions, past_key_values=cache, use_cache=True)
-            present = []
-            for conv, recurrent in zip(cache.conv_states, cache.recurrent_states):
-                present += [conv, recurrent]
-            for key, value in zip(cache.key_cache, cache.value_cache):
-                present += [key, value]
-            return {"logits": out.logits, "present_key_values": present}
+            present = [state for pair in zip(cache.conv_states, cache.recurrent_states) for state in pair]
+            return {"logits": out.logits, "present_key_values": present + cache.present_key_values()}
 
         def __enter__(self):
             super().__enter__()

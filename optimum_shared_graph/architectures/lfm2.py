@@ -40,6 +40,8 @@ from __future__ import annotations
 import types
 from typing import Any
 
+from ._states import AttentionStates, layers_of
+
 MODEL_TYPES = ("lfm2", "lfm2_moe")
 TRANSFORMERS = ">=5.5"
 SUMMARY = ("optimum-intel's LFM2 graph with a cache holder for transformers 5.5's model (Lfm2HybridConvCache was "
@@ -47,45 +49,18 @@ SUMMARY = ("optimum-intel's LFM2 graph with a cache holder for transformers 5.5'
            "optimum-intel's lfm2_moe_experts_forward (grouped_mm does not convert)")
 
 
-class Lfm2States:
+class Lfm2States(AttentionStates):
     """The graph's states as the 5.5 model reaches them through `past_key_values`.
 
     Convolution layers read and replace `conv_states[conv_index[layer]]`; attention layers call
-    `update`, which appends the new keys and values to `key_cache` / `value_cache[attention_index[layer]]`.
+    `update`, which appends the new keys and values to `key_cache` / `value_cache`.
     """
-
-    is_compileable = False
-    is_sliding = [False]  # the mask builder takes layer 0's sizes: every attention layer is global
 
     def __init__(self, layer_types: list[str], conv_states: list[Any], key_cache: list[Any], value_cache: list[Any],
                  attention_mask: Any):
+        super().__init__(layers_of(layer_types, "full_attention"), key_cache, value_cache, attention_mask)
         self.conv_states = conv_states
-        self.key_cache = key_cache
-        self.value_cache = value_cache
-        self.attention_mask = attention_mask
-        conv = [i for i, kind in enumerate(layer_types) if kind == "conv"]
-        attention = [i for i, kind in enumerate(layer_types) if kind == "full_attention"]
-        self.conv_index = {layer: n for n, layer in enumerate(conv)}
-        self.attention_index = {layer: n for n, layer in enumerate(attention)}
-
-    def update(self, key_states, value_states, layer_idx: int, cache_kwargs: dict | None = None):
-        import torch
-
-        n = self.attention_index[layer_idx]
-        self.key_cache[n] = torch.cat([self.key_cache[n], key_states], dim=-2)
-        self.value_cache[n] = torch.cat([self.value_cache[n], value_states], dim=-2)
-        return self.key_cache[n], self.value_cache[n]
-
-    def get_seq_length(self, layer_idx: int | None = 0) -> int:
-        return self.key_cache[0].shape[-2] if self.key_cache else 0
-
-    def get_mask_sizes(self, query_length, layer_idx: int = 0) -> tuple[int, int]:
-        if hasattr(query_length, "shape") and len(query_length.shape) > 0:  # a cache_position tensor
-            query_length = query_length.shape[0]
-        return self.get_seq_length() + query_length, 0
-
-    def has_previous_state(self, layer_idx: int | None = None) -> bool:
-        return True
+        self.conv_index = {layer: n for n, layer in enumerate(layers_of(layer_types, "conv"))}
 
 
 def lfm2_short_conv_forward(self, hidden_states, past_key_values: Lfm2States | None = None, attention_mask=None):
@@ -153,9 +128,7 @@ def _patcher_class() -> type:
             position_ids = torch.arange(past, past + input_ids.shape[1]).unsqueeze(0)
             result = self.model_orig_forward(input_ids=input_ids, attention_mask=attention_mask,
                                              position_ids=position_ids, past_key_values=states, use_cache=True)
-            present = list(states.conv_states)
-            for key, value in zip(states.key_cache, states.value_cache):
-                present += [key, value]
+            present = list(states.conv_states) + states.present_key_values()
             return {"logits": result.logits, "present_key_values": present}
 
         def _short_convs(self) -> list:

@@ -37,6 +37,8 @@ from __future__ import annotations
 import types
 from typing import Any
 
+from ._states import use_recurrent_cell
+
 MODEL_TYPES = ("mamba", "falcon_mamba")
 TRANSFORMERS = ">=5.5"
 SUMMARY = ("the Mamba mixer with optimum-intel's ov_causal_conv1d and SelectiveSSMRecurrentCell (ov::Loop), its "
@@ -126,7 +128,6 @@ def mamba_mixer_forward(self, input_states, cache_params: MambaStates | None = N
 
 
 def _patcher_class() -> type:
-    from openvino.frontend.pytorch import ConversionExtension, ModuleExtension
     from optimum.exporters.openvino.model_patcher import (
         ModelPatcher,
         SelectiveSSMRecurrentCell,
@@ -142,12 +143,7 @@ def _patcher_class() -> type:
             # forward stands in for it (as in optimum-intel's hybrid patchers).
             self.model_orig_forward = self.orig_forward
             self.patched_forward = self.orig_forward = self._states_forward
-            self.module_extensions = {
-                SelectiveSSMRecurrentCell: ModuleExtension(SelectiveSSMRecurrentCell, "SelectiveSSMRecurrentCellOp"),
-            }
-            self.conversion_extensions = [
-                ConversionExtension("SelectiveSSMRecurrentCellOp", convert_recurrent_selective_ssm_cell),
-            ]
+            use_recurrent_cell(self, SelectiveSSMRecurrentCell, convert_recurrent_selective_ssm_cell)
 
         def _states_forward(self, input_ids, attention_mask=None, cache_params=None):
             """`(input_ids, attention_mask, [(ssm, conv) per layer]) -> {logits, cache_params_present}`."""

@@ -41,6 +41,8 @@ from __future__ import annotations
 import types
 from typing import Any
 
+from ._states import AttentionStates, use_recurrent_cell
+
 MODEL_TYPES = ("zamba2",)
 TRANSFORMERS = ">=5.5"
 SUMMARY = ("optimum-intel's Zamba2 export config with the states in a cache holder for the 5.5 model (transformers "
@@ -48,42 +50,18 @@ SUMMARY = ("optimum-intel's Zamba2 export config with the states in a cache hold
            "ov_causal_conv1d and SelectiveSSMRecurrentCell as ov::Loop), as its GraniteMoeHybridModelPatcher does")
 
 
-class Zamba2States:
+class Zamba2States(AttentionStates):
     """The graph's states, where the patched mixers and the shared attention read and replace them.
 
-    Stands in for transformers' cache: `update` appends the new keys and values of a hybrid layer (by model
-    layer index), `get_seq_length` / `get_mask_sizes` size the causal mask and the positions.
+    Stands in for transformers' cache: each layer's Mamba-2 mixer reads and replaces `conv_states[layer]` /
+    `ssm_states[layer]`; `update` appends the new keys and values of a hybrid layer (by model layer index).
     """
 
-    is_compileable = False
-    is_sliding = (False,)  # one full-attention layer type, for create_causal_mask
-
-    def __init__(self, conv_states: list[Any], ssm_states: list[Any], keys: list[Any], values: list[Any],
+    def __init__(self, conv_states: list[Any], ssm_states: list[Any], key_cache: list[Any], value_cache: list[Any],
                  hybrid_layer_ids: list[int]):
+        super().__init__(list(hybrid_layer_ids), key_cache, value_cache)
         self.conv_states = conv_states
         self.ssm_states = ssm_states
-        self.keys = keys
-        self.values = values
-        self.attention_index = {layer: j for j, layer in enumerate(hybrid_layer_ids)}
-
-    def update(self, key_states, value_states, layer_idx: int, cache_kwargs=None):
-        import torch
-
-        j = self.attention_index[layer_idx]
-        self.keys[j] = torch.cat([self.keys[j], key_states], dim=2)
-        self.values[j] = torch.cat([self.values[j], value_states], dim=2)
-        return self.keys[j], self.values[j]
-
-    def get_seq_length(self, layer_idx: int | None = 0):
-        return self.keys[0].shape[-2] if self.keys else 0
-
-    def get_mask_sizes(self, query_length, layer_idx: int = 0):
-        if hasattr(query_length, "shape") and len(query_length.shape) > 0:  # a cache_position tensor
-            query_length = query_length.shape[0]
-        return self.get_seq_length() + query_length, 0
-
-    def has_previous_state(self, layer_idx: int | None = None) -> bool:
-        return True
 
 
 def zamba2_mixer_forward(self, hidden_states, conv_state, ssm_state, attention_mask=None):
@@ -142,7 +120,6 @@ def _mixers(model) -> list:
 
 def _patcher_class() -> type:
     import torch
-    from openvino.frontend.pytorch import ConversionExtension, ModuleExtension
     from optimum.exporters.openvino.model_patcher import (
         OVDecoderModelPatcher,
         SelectiveSSMRecurrentCell,
@@ -158,12 +135,7 @@ def _patcher_class() -> type:
             # forward stands in for it (as in optimum-intel's hybrid patchers).
             self.model_orig_forward = self.orig_forward
             self.patched_forward = self.orig_forward = self._states_forward
-            self.module_extensions = {
-                SelectiveSSMRecurrentCell: ModuleExtension(SelectiveSSMRecurrentCell, "SelectiveSSMRecurrentCellOp"),
-            }
-            self.conversion_extensions = [
-                ConversionExtension("SelectiveSSMRecurrentCellOp", convert_recurrent_selective_ssm_cell),
-            ]
+            use_recurrent_cell(self, SelectiveSSMRecurrentCell, convert_recurrent_selective_ssm_cell)
 
         def _states_forward(self, input_ids, attention_mask=None, cache_params=None):
             """`(input_ids, attention_mask, [conv, ssm per layer] + [key, value per hybrid layer])`
@@ -175,7 +147,7 @@ def _patcher_class() -> type:
             layers = config.num_hidden_layers
             states = Zamba2States(
                 conv_states=list(cache_params[0:2 * layers:2]), ssm_states=list(cache_params[1:2 * layers:2]),
-                keys=list(cache_params[2 * layers::2]), values=list(cache_params[2 * layers + 1::2]),
+                key_cache=list(cache_params[2 * layers::2]), value_cache=list(cache_params[2 * layers + 1::2]),
                 hybrid_layer_ids=list(config.hybrid_layer_ids))
             if attention_mask is not None:  # a mask of the new tokens only: ones for the earlier ones
                 context = states.get_seq_length() + input_ids.shape[1]
@@ -184,12 +156,8 @@ def _patcher_class() -> type:
                 attention_mask = torch.cat([earlier, attention_mask], dim=1)
             result = self.model_orig_forward(input_ids=input_ids, attention_mask=attention_mask,
                                              past_key_values=states, use_cache=True)
-            present = []
-            for conv, ssm in zip(states.conv_states, states.ssm_states):
-                present += [conv, ssm]
-            for key, value in zip(states.keys, states.values):
-                present += [key, value]
-            return {"logits": result.logits, "present_key_values": present}
+            present = [state for pair in zip(states.conv_states, states.ssm_states) for state in pair]
+            return {"logits": result.logits, "present_key_values": present + states.present_key_values()}
 
         def __enter__(self):
             super().__enter__()

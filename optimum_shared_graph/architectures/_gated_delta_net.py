@@ -30,7 +30,7 @@ from __future__ import annotations
 import types
 from typing import Any, Callable
 
-from ._states import AttentionStates, layers_of, use_recurrent_cell
+from ._states import AttentionStates, StatesForward, layers_of, use_recurrent_cell
 
 
 class GatedDeltaNetCache(AttentionStates):
@@ -79,7 +79,7 @@ def patcher_class() -> type:
         patched_recurrent_gated_delta_rule,
     )
 
-    class GatedDeltaNetPatcher(OVDecoderModelPatcher):
+    class GatedDeltaNetPatcher(StatesForward, OVDecoderModelPatcher):
         """optimum-intel's hybrid gated-delta-net patcher for transformers 5.5 (subclasses set the family's pieces).
 
         The patched forward takes optimum-intel's inputs (`input_ids`, `attention_mask`, the flat
@@ -101,10 +101,7 @@ def patcher_class() -> type:
             super().__init__(config, model, model_kwargs)
             self._text_model = self._model.model
             self._layer_types = list(self._text_model.config.layer_types)
-            self.model_orig_forward = self.orig_forward
             self.positions = None  # the rotary positions of the call being traced, (1, seq)
-            self.patched_forward = self._states_forward
-            self.orig_forward = self._states_forward
             use_recurrent_cell(self, RecurrentAttentionCell, convert_recurrent_attention_cell)
 
         def _states_forward(self, input_ids, attention_mask=None, cache_params=None, position_ids=None,
@@ -120,8 +117,7 @@ def patcher_class() -> type:
             """
             self.positions = None
             if cache_params is None:
-                out = self.model_orig_forward(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
-                return {"logits": out.logits}
+                return self._logits_only(input_ids, attention_mask)
             n_linear = self._layer_types.count("linear_attention")
             n_full = self._layer_types.count("full_attention")
             states = list(cache_params)
@@ -138,9 +134,7 @@ def patcher_class() -> type:
             present = [state for pair in zip(cache.conv_states, cache.recurrent_states) for state in pair]
             return {"logits": out.logits, "present_key_values": present + cache.present_key_values()}
 
-        def __enter__(self):
-            super().__enter__()
-            setattr(self._model, self.orig_forward_name, self.patched_forward)
+        def patch_modules(self):
             moe_classes = self.sparse_moe_classes()
             for layer, kind in zip(self._text_model.layers, self._layer_types):
                 if kind == "linear_attention":
@@ -154,9 +148,7 @@ def patcher_class() -> type:
                     layer.mlp._orig_forward = layer.mlp.forward
                     layer.mlp.forward = types.MethodType(patched_qwen3_5_moe_sparse_moe_block, layer.mlp)
 
-        def __exit__(self, exc_type, exc_value, traceback):
-            super().__exit__(exc_type, exc_value, traceback)
-            setattr(self._model, self.orig_forward_name, self.model_orig_forward)
+        def restore_modules(self):
             for layer in self._text_model.layers:
                 for module in (getattr(layer, "linear_attn", None), layer.mlp):
                     if module is not None and hasattr(module, "_orig_forward"):

@@ -1,5 +1,6 @@
-"""What the hybrid fixes share: the holder of a graph's states the 5.5 model sees as its cache, and the
-recurrent cell a patcher converts to an OpenVINO loop.
+"""What the hybrid fixes share: the holder of a graph's states the 5.5 model sees as its cache, the
+patcher skeleton whose forward takes and returns those states, and the recurrent cell a patcher
+converts to an OpenVINO loop.
 
 transformers 5.5 removed the per-family hybrid caches optimum-intel's patchers subclass. Each hybrid fix
 hands the model a plain holder of the graph's state tensors instead, with the handful of methods the
@@ -68,6 +69,44 @@ def _cat_sequence(past, new):
     import torch
 
     return new if past is None else torch.cat([past, new], dim=2)
+
+
+class StatesForward:
+    """The skeleton of a hybrid patcher: a forward over the graph's states stands in for the model's.
+
+    Mixed in before optimum-intel's patcher class (`class P(StatesForward, ModelPatcher)`). A subclass
+    defines `_states_forward(input_ids, attention_mask, cache_params, ...)`, which the exporter traces
+    (it orders the traced inputs by `orig_forward`'s signature, so this forward stands in for it, as in
+    optimum-intel's hybrid patchers), and `patch_modules()` / `restore_modules()` for the layers it
+    replaces while the model is traced.
+    """
+
+    def __init__(self, config, model, model_kwargs: dict[str, Any] | None = None):
+        super().__init__(config, model, model_kwargs)
+        self.model_orig_forward = self.orig_forward
+        self.patched_forward = self.orig_forward = self._states_forward
+
+    def _logits_only(self, input_ids, attention_mask) -> dict[str, Any]:
+        """The call without states (`cache_params=None`: the model run without its cache)."""
+        return {"logits": self.model_orig_forward(input_ids=input_ids, attention_mask=attention_mask,
+                                                  use_cache=False).logits}
+
+    def patch_modules(self) -> None:
+        """Replace the layers the graph needs in its own form (on entering the patcher)."""
+
+    def restore_modules(self) -> None:
+        """Undo `patch_modules()` (on leaving the patcher)."""
+
+    def __enter__(self):
+        super().__enter__()
+        setattr(self._model, self.orig_forward_name, self.patched_forward)
+        self.patch_modules()
+        return self
+
+    def __exit__(self, exc_type, exc_value, traceback):
+        super().__exit__(exc_type, exc_value, traceback)
+        setattr(self._model, self.orig_forward_name, self.model_orig_forward)
+        self.restore_modules()
 
 
 def use_recurrent_cell(patcher, cell: type, converter) -> None:

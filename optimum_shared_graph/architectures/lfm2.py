@@ -40,7 +40,7 @@ from __future__ import annotations
 import types
 from typing import Any
 
-from ._states import AttentionStates, layers_of
+from ._states import AttentionStates, StatesForward, layers_of
 
 MODEL_TYPES = ("lfm2", "lfm2_moe")
 TRANSFORMERS = ">=5.5"
@@ -100,25 +100,20 @@ def _module_classes(suffix: str) -> tuple[type, ...]:
 def _patcher_class() -> type:
     from optimum.exporters.openvino.model_patcher import OVDecoderModelPatcher
 
-    class Lfm2StatesPatcher(OVDecoderModelPatcher):
+    class Lfm2StatesPatcher(StatesForward, OVDecoderModelPatcher):
         """Patches an LFM2 (or LFM2-MoE) causal LM for tracing: states in and out as one list, traceable short
         convolutions, LFM2-MoE's experts as optimum-intel's `lfm2_moe_experts_forward`."""
 
         def __init__(self, config, model, model_kwargs: dict[str, Any] | None = None):
             super().__init__(config, model, model_kwargs)
             self.layer_types = list(self.real_config._config.layer_types)
-            # The exporter orders the traced inputs by `orig_forward`'s signature, so the patched
-            # forward stands in for it (as in optimum-intel's hybrid patchers).
-            self.model_orig_forward = self.orig_forward
-            self.patched_forward = self.orig_forward = self._states_forward
 
         def _states_forward(self, input_ids, attention_mask=None, cache_params=None):
             """`(input_ids, attention_mask, [conv..., key, value, ...]) -> {logits, present_key_values}`."""
             import torch
 
             if cache_params is None:
-                result = self.model_orig_forward(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
-                return {"logits": result.logits}
+                return self._logits_only(input_ids, attention_mask)
             convs = self.layer_types.count("conv")
             attentions = self.layer_types.count("full_attention")
             states = Lfm2States(self.layer_types, list(cache_params[:convs]),
@@ -142,19 +137,15 @@ def _patcher_class() -> type:
             return [layer.feed_forward.experts for layer in self._model.model.layers
                     if isinstance(getattr(layer.feed_forward, "experts", None), kinds)]
 
-        def __enter__(self):
+        def patch_modules(self):
             from optimum.exporters.openvino.model_patcher import lfm2_moe_experts_forward
 
-            super().__enter__()
-            setattr(self._model, self.orig_forward_name, self.patched_forward)
             for conv in self._short_convs():
                 conv.forward = types.MethodType(lfm2_short_conv_forward, conv)
             for experts in self._experts():  # as optimum-intel's Lfm2MoeModelPatcher
                 experts.forward = types.MethodType(lfm2_moe_experts_forward, experts)
 
-        def __exit__(self, exc_type, exc_value, traceback):
-            super().__exit__(exc_type, exc_value, traceback)
-            setattr(self._model, self.orig_forward_name, self.model_orig_forward)
+        def restore_modules(self):
             for module in self._short_convs() + self._experts():  # back to the class's forward
                 del module.forward
 

@@ -37,7 +37,7 @@ from __future__ import annotations
 import types
 from typing import Any
 
-from ._states import use_recurrent_cell
+from ._states import StatesForward, use_recurrent_cell
 
 MODEL_TYPES = ("mamba", "falcon_mamba")
 TRANSFORMERS = ">=5.5"
@@ -134,31 +134,24 @@ def _patcher_class() -> type:
         convert_recurrent_selective_ssm_cell,
     )
 
-    class MambaStatesPatcher(ModelPatcher):
+    class MambaStatesPatcher(StatesForward, ModelPatcher):
         """Patches a (Falcon)Mamba causal LM for tracing: states in and out as lists, recurrent mixers."""
 
         def __init__(self, config, model, model_kwargs: dict[str, Any] | None = None):
             super().__init__(config, model, model_kwargs)
-            # The exporter orders the traced inputs by `orig_forward`'s signature, so the patched
-            # forward stands in for it (as in optimum-intel's hybrid patchers).
-            self.model_orig_forward = self.orig_forward
-            self.patched_forward = self.orig_forward = self._states_forward
             use_recurrent_cell(self, SelectiveSSMRecurrentCell, convert_recurrent_selective_ssm_cell)
 
         def _states_forward(self, input_ids, attention_mask=None, cache_params=None):
             """`(input_ids, attention_mask, [(ssm, conv) per layer]) -> {logits, cache_params_present}`."""
             if cache_params is None:
-                result = self.model_orig_forward(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
-                return {"logits": result.logits}
+                return self._logits_only(input_ids, attention_mask)
             states = MambaStates([ssm for ssm, _ in cache_params], [conv for _, conv in cache_params])
             result = self.model_orig_forward(input_ids=input_ids, attention_mask=attention_mask,
                                              cache_params=states, use_cache=True)
             return {"logits": result.logits,
                     "cache_params_present": list(zip(states.ssm_states, states.conv_states))}
 
-        def __enter__(self):
-            super().__enter__()
-            setattr(self._model, self.orig_forward_name, self.patched_forward)
+        def patch_modules(self):
             rms = None
             if self._model.config.model_type == "falcon_mamba":
                 from transformers.models.falcon_mamba.modeling_falcon_mamba import rms_forward as rms
@@ -168,9 +161,7 @@ def _patcher_class() -> type:
                 mixer.selective_ssm_recurrent_cell = SelectiveSSMRecurrentCell()
                 mixer.forward = types.MethodType(mamba_mixer_forward, mixer)
 
-        def __exit__(self, exc_type, exc_value, traceback):
-            super().__exit__(exc_type, exc_value, traceback)
-            setattr(self._model, self.orig_forward_name, self.model_orig_forward)
+        def restore_modules(self):
             for layer in self._model.backbone.layers:  # back to the classes' forward
                 del layer.mixer.forward, layer.mixer.ssm_rms_normalization, layer.mixer.selective_ssm_recurrent_cell
 

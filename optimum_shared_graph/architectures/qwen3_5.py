@@ -65,8 +65,8 @@ def _patcher_class() -> type:
 
             return (Qwen3_5MoeSparseMoeBlock,)
 
-        def __enter__(self):
-            super().__enter__()
+        def patch_modules(self):
+            super().patch_modules()
             rotary = self._text_model.rotary_emb
 
             def text_rotary_forward(x, position_ids):
@@ -79,8 +79,8 @@ def _patcher_class() -> type:
             rotary._orig_forward = rotary.forward
             rotary.forward = text_rotary_forward
 
-        def __exit__(self, exc_type, exc_value, traceback):
-            super().__exit__(exc_type, exc_value, traceback)
+        def restore_modules(self):
+            super().restore_modules()
             rotary = self._text_model.rotary_emb
             rotary.forward = rotary._orig_forward
             del rotary._orig_forward

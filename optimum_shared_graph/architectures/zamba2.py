@@ -41,7 +41,7 @@ from __future__ import annotations
 import types
 from typing import Any
 
-from ._states import AttentionStates, use_recurrent_cell
+from ._states import AttentionStates, StatesForward, use_recurrent_cell
 
 MODEL_TYPES = ("zamba2",)
 TRANSFORMERS = ">=5.5"
@@ -126,15 +126,11 @@ def _patcher_class() -> type:
         convert_recurrent_selective_ssm_cell,
     )
 
-    class Zamba2StatesPatcher(OVDecoderModelPatcher):
+    class Zamba2StatesPatcher(StatesForward, OVDecoderModelPatcher):
         """Patches a Zamba2 causal LM for tracing: states in and out as one flat list, recurrent mixers."""
 
         def __init__(self, config, model, model_kwargs: dict[str, Any] | None = None):
             super().__init__(config, model, model_kwargs)
-            # The exporter orders the traced inputs by `orig_forward`'s signature, so the patched
-            # forward stands in for it (as in optimum-intel's hybrid patchers).
-            self.model_orig_forward = self.orig_forward
-            self.patched_forward = self.orig_forward = self._states_forward
             use_recurrent_cell(self, SelectiveSSMRecurrentCell, convert_recurrent_selective_ssm_cell)
 
         def _states_forward(self, input_ids, attention_mask=None, cache_params=None):
@@ -142,8 +138,7 @@ def _patcher_class() -> type:
             -> `{logits, present_key_values}` in the same order (optimum-intel's Zamba2 interface)."""
             config = self._model.config
             if cache_params is None:
-                result = self.model_orig_forward(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
-                return {"logits": result.logits}
+                return self._logits_only(input_ids, attention_mask)
             layers = config.num_hidden_layers
             states = Zamba2States(
                 conv_states=list(cache_params[0:2 * layers:2]), ssm_states=list(cache_params[1:2 * layers:2]),
@@ -159,17 +154,12 @@ def _patcher_class() -> type:
             present = [state for pair in zip(states.conv_states, states.ssm_states) for state in pair]
             return {"logits": result.logits, "present_key_values": present + states.present_key_values()}
 
-        def __enter__(self):
-            super().__enter__()
-            setattr(self._model, self.orig_forward_name, self.patched_forward)
+        def patch_modules(self):
             for mixer in _mixers(self._model):
                 mixer.selective_ssm_recurrent_cell = SelectiveSSMRecurrentCell()
                 mixer.forward = types.MethodType(_mixer_with_states, mixer)
-            return self
 
-        def __exit__(self, exc_type, exc_value, traceback):
-            super().__exit__(exc_type, exc_value, traceback)
-            setattr(self._model, self.orig_forward_name, self.model_orig_forward)
+        def restore_modules(self):
             for mixer in _mixers(self._model):  # back to the class's forward
                 del mixer.forward, mixer.selective_ssm_recurrent_cell
 

@@ -34,7 +34,7 @@ INT8_BOUND = 0.0025
 
 @pytest.fixture(scope="module")
 def trained(request, tmp_path_factory) -> Path:
-    cache = request.config.cache
+    cache = getattr(request.config, "cache", None)  # None under -p no:cacheprovider
     root = cache.mkdir("trained-models") if cache is not None else tmp_path_factory.mktemp("trained")
     return train_small.ensure("ci", root / "ci", quiet=True)
 

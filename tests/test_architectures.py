@@ -1,8 +1,8 @@
 """The architecture fixes (`optimum_shared_graph/architectures/`).
 
 Each model type a fix repairs exports with `--task text-generation-shared` as one validated graph, with
-greedy parity through OVModelForCausalLM and OpenVINO GenAI (and, for a model with a pure KV cache,
-through a static export); the manifest records the fix. The fix replaces optimum-intel's export config
+greedy parity through OVModelForCausalLM and OpenVINO GenAI (for the types in `NPU_PARITY` its NPU
+pipeline too; for a model with a pure KV cache, a static export); the manifest records the fix. The fix replaces optimum-intel's export config
 for one export only: its own `text-generation-with-past` task is untouched.
 
 The default run exports one type per kind of state (`DEFAULT_RUN`); `pytest -m coverage` runs every
@@ -35,6 +35,12 @@ PADDED_BATCH_THROUGH_GENAI_ONLY = {"zamba2"}
 # One of each kind in the default run: multi-head latent attention with routed experts (a pure KV cache,
 # static too), and a hybrid with linear-attention state beside a KV cache. The rest: `pytest -m coverage`.
 DEFAULT_RUN = {"deepseek_v2", "qwen3_next"}
+
+# Greedy parity through OpenVINO GenAI's NPU pipeline too (NPUW, its partitions on the CPU, computing in f16). The
+# Qwen3.5 graphs need two export-time changes for it: no unused position_ids input (architectures/qwen3_5.py) and
+# no past length read from a value state (graph/kv_shapes.py). docs/architectures.md has every type's NPU column.
+NPU_PARITY = {"deepseek_v2", "deepseek_v3", "gemma4_text", "qwen3_5_moe_text", "qwen3_5_text", "qwen3_next"}
+NPUW = {"NPU_USE_NPUW": "YES", "NPUW_DEVICES": "CPU", "MAX_PROMPT_LEN": 64, "MIN_RESPONSE_LEN": 64}
 
 NEW_TOKENS = 12
 
@@ -156,13 +162,17 @@ def test_repaired_type_exports_one_graph_with_parity(model_type, tiny_model, tmp
         assert torch.equal(ours, ref)
     del ov_model
 
-    # OpenVINO GenAI's LLMPipeline, as shipped (its default attention backend)
+    # OpenVINO GenAI's LLMPipeline, as shipped (its default attention backend), and its NPU pipeline
     pipe = ov_genai.LLMPipeline(str(out), "CPU", **EXACT)
+    npu = ov_genai.LLMPipeline(str(out), "NPU", **NPUW) if model_type in NPU_PARITY else None
     config = ov_genai.GenerationConfig(max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, ignore_eos=True)
     for prompt in PROMPTS:
         enc, ref = _pytorch_greedy(str(path), (prompt,))
         inputs = ov_genai.TokenizedInputs(ov.Tensor(enc["input_ids"].numpy()), ov.Tensor(enc["attention_mask"].numpy()))
         assert list(pipe.generate(inputs, config).tokens[0]) == ref[0, enc["input_ids"].shape[1]:].tolist(), prompt
+        if npu is not None:
+            assert list(npu.generate(inputs, config).tokens[0]) == ref[0, enc["input_ids"].shape[1]:].tolist(), prompt
+    del npu
     if model_type in PADDED_BATCH_THROUGH_GENAI_ONLY:
         enc, ref = _pytorch_greedy(str(path), tuple(PROMPTS[:2]))
         inputs = ov_genai.TokenizedInputs(ov.Tensor(enc["input_ids"].numpy()), ov.Tensor(enc["attention_mask"].numpy()))

@@ -111,9 +111,9 @@ def patcher_class() -> type:
             The positions handed to the model are `arange(past, past + new)`, the form transformers
             4.57 traced (5.5 builds `arange(new) + past`, which OpenVINO's SDPA-to-PagedAttention
             rewrite does not recognise: under GenAI's default backend every token of a prompt then got
-            the last token's position). A `position_ids` input (optimum-intel's Qwen3.5 text config
-            declares one) is accepted and unused, as in optimum-intel's own patcher: rotary attention
-            only sees the difference of two positions, so a left-padded row gives the same scores.
+            the last token's position). A `position_ids` argument is accepted and unused, as in
+            optimum-intel's own patcher (the Qwen3.5 fix drops the input its config declares): rotary
+            attention only sees the difference of two positions, so a left-padded row gives the same scores.
             """
             self.positions = None
             if cache_params is None:

@@ -7,8 +7,7 @@ at that import; the model now keeps its states in one `DynamicCache` and calls
 5.2.99.
 
 The fix (`_gated_delta_net.GatedDeltaNetPatcher`) keeps optimum-intel's graph: the same inputs
-(`input_ids`, `attention_mask`, its `position_ids`, accepted and unused as in its own text patcher;
-`cache_params.past.conv.{i}` / `.ssm.{i}` per linear-attention layer, `.key.{i}` / `.value.{i}` per
+(`input_ids`, `attention_mask`, `cache_params.past.conv.{i}` / `.ssm.{i}` per linear-attention layer, `.key.{i}` / `.value.{i}` per
 full-attention layer, all states of the one stateful graph), its recurrent gated-delta-net forward
 (`qwen3_5_gated_delta_net_forward` with `ov_causal_conv1d` and the `RecurrentAttentionCell` loop), and
 for the MoE variant its vectorised `patched_qwen3_5_moe_sparse_moe_block`, which still fits the 5.5
@@ -21,6 +20,11 @@ interleaving changes nothing, and traced as transformers writes it (positions re
 sliced, interleaved by slice assignment) OpenVINO's SDPA-to-PagedAttention rewrite cannot map the
 angles to its `position_ids`: under GenAI's default backend every prompt token got the last token's
 position.
+
+One input is dropped: optimum-intel's config declares `position_ids`, which its text patcher accepts
+and never uses, so the graph had an input nothing reads. OpenVINO GenAI's NPU pipeline cannot give
+such an input a static shape ("to_shape was called on a dynamic shape"); OVModelForCausalLM and
+GenAI's CPU pipeline feed `position_ids` only to a graph that has it.
 """
 
 from __future__ import annotations
@@ -89,9 +93,17 @@ def _patcher_class() -> type:
 
 
 def export_config(base: type) -> type:
-    """optimum-intel's Qwen3.5 text config (dense or MoE) without its 5.2.99 cap, patching the model for 5.5."""
+    """optimum-intel's Qwen3.5 text config (dense or MoE) without its 5.2.99 cap and its unused `position_ids`
+    input, patching the model for 5.5."""
+
+    def inputs(self) -> dict:
+        declared = dict(base.inputs.fget(self))
+        declared.pop("position_ids", None)  # never read by the graph (see the module docstring)
+        return declared
+
     return type(base.__name__, (base,), {
         "__doc__": f"{base.__name__} with a patcher for transformers 5.5 (see {__name__}).",
         "MAX_TRANSFORMERS_VERSION": None,
         "_MODEL_PATCHER": _patcher_class(),
+        "inputs": property(inputs),
     })

@@ -198,6 +198,21 @@ def test_repaired_type_exports_one_graph_with_parity(model_type, tiny_model, tmp
 
 
 @needs_fix
+def test_data_aware_quantization_of_a_hybrid_is_refused_in_one_line(tiny_model, tmp_path):
+    """Both-stage calibration feeds a KV cache; a graph whose state is convolution / linear-attention state is
+    refused with what to do instead, and nothing is written."""
+    data = tmp_path / "calibration.txt"
+    data.write_text("def add(a, b):\n    return a + b\nprint(add(1, 2))\n", encoding="utf-8")
+    out = tmp_path / "out"
+    proc = run_cli("export", "openvino", "-m", str(tiny_model("qwen3_next")), "--task", "text-generation-shared",
+                   "--quant-mode", "int8", "--dataset", str(data), "--num-samples", "1", str(out))
+    assert proc.returncode != 0
+    last = proc.stderr.strip().splitlines()[-1]
+    assert "cache_params.past.conv.0" in last and "quantize without a data-aware mode" in last, last
+    assert not out.exists() and not list(tmp_path.glob(".out*"))
+
+
+@needs_fix
 def test_optimum_intel_own_task_does_not_get_the_fix(tiny_model, tmp_path):
     """optimum-intel's own `text-generation-with-past` export of a repaired type runs its own config, as
     before: the fix is ours, for our task only."""

@@ -80,7 +80,13 @@ class BothStageSamples:
         names = {p.get_any_name() for p in ov_model.inputs}
         self._past_names = sorted(n for n in names if n.startswith("past_key_values"))
         if not self._past_names:
-            raise SharedGraphError("calibration on both stages needs the stateless graph (past_key_values inputs)")
+            states = sorted(n for n in names if n not in _STEP_INPUTS)
+            raise SharedGraphError(
+                "calibration on both stages feeds a KV cache (past_key_values inputs), and this graph's state is "
+                f"{', '.join(states[:2])}{', ...' if len(states) > 2 else ''} (convolution or SSM state, or no "
+                "cache): quantize without a data-aware mode for this model (--weight-format without --dataset or "
+                "--quant-mode)"
+            )
         unknown = names - _STEP_INPUTS - set(self._past_names)
         if unknown:
             raise SharedGraphError(

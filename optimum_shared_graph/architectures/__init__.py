@@ -30,7 +30,6 @@ from dataclasses import dataclass
 from typing import Iterator
 
 
-
 def fix_modules() -> list[str]:
     """The fix modules of this package (one per architecture family), by name."""
     import pkgutil

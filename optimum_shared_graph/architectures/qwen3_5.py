@@ -7,8 +7,8 @@ at that import; the model now keeps its states in one `DynamicCache` and calls
 5.2.99.
 
 The fix (`_gated_delta_net.GatedDeltaNetPatcher`) keeps optimum-intel's graph: the same inputs
-(`input_ids`, `attention_mask`, `cache_params.past.conv.{i}` / `.ssm.{i}` per linear-attention layer, `.key.{i}` / `.value.{i}` per
-full-attention layer, all states of the one stateful graph), its recurrent gated-delta-net forward
+(`input_ids`, `attention_mask`, `cache_params.past.conv.{i}` / `.ssm.{i}` per linear-attention layer,
+`.key.{i}` / `.value.{i}` per full-attention layer, all states of the one stateful graph), its recurrent gated-delta-net forward
 (`qwen3_5_gated_delta_net_forward` with `ov_causal_conv1d` and the `RecurrentAttentionCell` loop), and
 for the MoE variant its vectorised `patched_qwen3_5_moe_sparse_moe_block`, which still fits the 5.5
 block. The model sees the graph's states through a plain holder, and left padding is zeroed before

@@ -197,8 +197,9 @@ def convert(raw_export, source: str, raw: Path, *, task: str, exported_type: str
     """Run optimum-intel's export of `source` into `raw`; return `(lifted cap or None, applied fix or None)`.
 
     An architecture fix of `architectures/` replaces optimum-intel's export config for the duration of
-    the export where one applies to `exported_type` under the installed transformers. `hooks` (the model hand-over and the both-stage calibration) are active during the export; a static
-    export without calibration skips optimum-intel's dynamic graph, which the static one replaces. Any
+    the export where one applies to `exported_type` under the installed transformers. `hooks` (the model
+    hand-over and the both-stage calibration) are active during the export; a static export without
+    calibration skips optimum-intel's dynamic graph, which the static one replaces. Any
     failure of optimum-intel's is one `ModelNotSupportedError` line (a full disk: `ArtifactWriteError`).
     `InnerModelExport` goes through: the caller exports the inner model instead.
     """

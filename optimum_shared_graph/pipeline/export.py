@@ -112,13 +112,14 @@ def run_export(
             validating = not opts.skip_validation and export.reason is None
             try:
                 lifted, fix = convert.convert(raw_export, source, raw, task=task, exported_type=exported_type,
-                                         validating=validating, fallback_reason=export.reason, hooks=hooks(),
-                                         static=static_plan)
+                                              validating=validating, fallback_reason=export.reason, hooks=hooks(),
+                                              static=static_plan)
             except convert.InnerModelExport as inner:  # generate() drives an inner causal LM: export that one
                 export.inner = True
                 lifted, fix = convert.convert(raw_export, str(inner.directory), raw, task=BASE_TASK,
-                                         exported_type=export.capture.exported.config.model_type,
-                                         validating=validating, fallback_reason=None, hooks=hooks(), static=static_plan)
+                                              exported_type=export.capture.exported.config.model_type,
+                                              validating=validating, fallback_reason=None, hooks=hooks(),
+                                              static=static_plan)
             if lifted is not None and export.capture is not None:
                 export.capture.notes.append(lifted.note)
             convert.return_freed_memory()  # the PyTorch model is gone: give its pages back before compiling

@@ -84,3 +84,29 @@ def test_fp16_export_of_the_quickstart_model_passes(tiny_model, tmp_path):
     v = manifest.validation
     assert v["status"] == "passed", v
     assert all(d["near_tie"] and d["pytorch_margin"] <= v["tolerance"] for d in v["differing_steps"])
+
+
+def test_a_raw_argmax_at_eos_inside_the_captured_tokens_passes(tmp_path):
+    """generate() suppresses EOS until min_new_tokens is reached, so its pick differs from the raw argmax where
+    that is EOS: the graph's argmax is compared with PyTorch's raw argmax, and the feed is generate()'s pick."""
+    import json
+
+    from optimum_shared_graph.pipeline.decompose import sample_inputs
+    from optimum_shared_graph.testing import build_tiny_model
+
+    model = tmp_path / "eos-llama"
+    pt = build_tiny_model("llama", model)
+    ids, mask = sample_inputs(str(model), pt, osg.ExportOptions())  # the prompt the export validates on
+    eos = int(capture_generation(pt, ids, mask, 6).tokens[0, 4])  # the raw argmax at step 4
+    for name in ("config.json", "generation_config.json"):
+        config = json.loads((model / name).read_text())
+        config["eos_token_id"] = eos
+        (model / name).write_text(json.dumps(config))
+    pt.generation_config.eos_token_id = eos
+    capture = capture_generation(pt, ids, mask, 16)
+    raw = np.stack([call.last_logits.argmax(-1) for call in capture.calls], axis=1)
+    assert raw[0, 4] == eos and capture.tokens[0, 4] != eos  # the case: generate()'s pick is not the raw argmax
+
+    manifest = osg.export(str(model), tmp_path / "ov", quiet=True)
+    v = manifest.validation
+    assert v["status"] == "passed" and v["greedy_match"] and v["differing_steps"] == [], v

@@ -18,9 +18,10 @@ RELATIVE_TOLERANCE = {"fp32": 1e-3, "fp16": 3e-2}
 def validate_graph(ov_model, capture: Capture, weight_format: str | None, *, session_class=GraphSession) -> dict:
     """Compare the graph with PyTorch on the captured prefill and decode calls.
 
-    The graph is teacher-forced with PyTorch's greedy tokens: at each call the maximum absolute
-    difference of the last-position logits is measured, and the graph's own greedy pick is compared
-    with PyTorch's. A pick that differs where PyTorch's own top-2 margin is within the logits tolerance
+    The graph is teacher-forced with the tokens `generate()` picked: at each call the maximum absolute
+    difference of the last-position logits is measured, and the graph's own greedy pick (its argmax) is
+    compared with the argmax of PyTorch's logits of the same call (not with `generate()`'s pick, which
+    logits processors such as `min_new_tokens`' EOS suppression can change). A pick that differs where PyTorch's own top-2 margin is within the logits tolerance
     is a near-tie (rounding decides it, in PyTorch as in any low-precision runtime), not a failure: the
     check goes on teacher-forced and the logits decide. A pick that differs with a margin above the
     tolerance, or logits beyond it, fail. Every differing step is reported with PyTorch's margin there.
@@ -65,7 +66,10 @@ def validate_graph(ov_model, capture: Capture, weight_format: str | None, *, ses
         mask = None
     del session, compiled
     ours = np.stack(picks, axis=1)
-    theirs = capture.tokens[:, : ours.shape[1]]
+    # like with like: the graph's raw argmax against PyTorch's raw argmax of the same call. The tokens fed
+    # (teacher forcing) are generate()'s picks, which its logits processors can make differ from the raw argmax
+    # (EOS suppressed while min_new_tokens is not reached).
+    theirs = np.stack([call.last_logits.argmax(-1) for call in capture.calls[: ours.shape[1]]], axis=1)
     matches = ours == theirs
     scale = max(1.0, float(max(np.max(np.abs(c.last_logits)) for c in capture.calls)))
     tolerance = RELATIVE_TOLERANCE.get(fmt, float("nan")) * scale

@@ -28,6 +28,7 @@ _EXPORTS = {
     "InvalidOptionsError": "errors",
     "ManifestError": "errors",
     "ModelNotSupportedError": "errors",
+    "NotEnoughMemoryError": "errors",
     "RuntimeSelectionError": "errors",
     "SharedGraphError": "errors",
     "ExportOptions": "options",
@@ -46,7 +47,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs; at run time the names come from
     from .cli import register
     from .errors import (
         ArtifactWriteError, DecompositionError, ExportValidationError, InvalidOptionsError, ManifestError,
-        ModelNotSupportedError, RuntimeSelectionError, SharedGraphError,
+        ModelNotSupportedError, NotEnoughMemoryError, RuntimeSelectionError, SharedGraphError,
     )
     from .manifest import Manifest, read_manifest
     from .options import ExportOptions

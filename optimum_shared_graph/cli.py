@@ -23,6 +23,7 @@ _FLAGS = {
     "fallback": "--fallback",
     "skip_validation": "--skip-validation",
     "calibration_decode_steps": "--calibration-decode-steps",
+    "validation_new_tokens": "--validation-tokens",
     "quiet": "--quiet",
 }
 
@@ -47,6 +48,9 @@ def add_arguments(parser) -> None:
                        help="auto (default): use optimum-intel's partitioning when decomposition fails; never: fail.")
     group.add_argument("--skip-validation", action="store_true", default=None,
                        help="Do not check the exported graph against the PyTorch model.")
+    group.add_argument("--validation-tokens", type=int, default=None, metavar="N", dest="validation_new_tokens",
+                       help="Greedy tokens validated (a prefill and N-1 decode calls; at least 4). Default: 16 when "
+                            "the checkpoint fits in the memory available, else 4 (each call rereads the weights).")
     group.add_argument("--calibration-decode-steps", type=int, default=None, metavar="N",
                        help="Data-aware quantization: decode calls calibrated after each text's prefill, with the "
                             "real KV cache (default 4; 0: prefill only). --dataset may also be a local text file, "

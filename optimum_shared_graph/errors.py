@@ -8,6 +8,7 @@ Every message is one line that says what is wrong and how to fix it. The tree::
     ├── DecompositionError         generate() could not be split into prefill and decode calls
     ├── ExportValidationError      the exported graph does not reproduce the PyTorch model
     ├── ArtifactWriteError         the artifact cannot be written (disk full, read-only, no permission)
+    ├── NotEnoughMemoryError       validation cannot fit even one part of the graph in the memory available
     ├── ManifestError              missing, corrupt, newer-schema or tampered artifact
     └── RuntimeSelectionError      no runtime provider covers what an artifact requires,
                                    or a request the artifact cannot serve (prompt too long, ...)
@@ -64,6 +65,11 @@ class ExportValidationError(SharedGraphError):
 class ArtifactWriteError(SharedGraphError, OSError):
     """The artifact could not be written where it was asked for: no space left, a read-only file system,
     no permission. Nothing is left behind."""
+
+
+class NotEnoughMemoryError(SharedGraphError, MemoryError):
+    """Validation cannot fit even the smallest part of the graph in the memory available (a cgroup limit, or
+    the system's); raised before any export work."""
 
 
 class ManifestError(SharedGraphError):

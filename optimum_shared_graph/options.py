@@ -50,8 +50,11 @@ class ExportOptions:
         trust_remote_code: allow custom modeling code from the model repository.
         convert_tokenizer: write `openvino_tokenizer.xml` / `openvino_detokenizer.xml` when
             openvino-tokenizers can convert the tokenizer.
-        validation_new_tokens: greedy tokens compared at export; 16 covers the prefill and well
-            over the 3 decode steps the contract asks for.
+        validation_new_tokens: greedy tokens compared at export (one prefill call and a decode call per
+            token after the first). `None` chooses: 16 where the checkpoint's weights fit in the memory
+            available, so the page cache keeps them and each call costs compute only; else 4 (the prefill
+            and 3 decode steps at growing cache lengths, what proves one graph serves both stages), since
+            each call then reads every weight from disk again (`pipeline/memory.py`).
         validation_prompt: the text validated on; `None` uses a fixed built-in sentence.
         calibration_decode_steps: data-aware quantization only. Decode calls gathered after each
             calibration text's prefill, with the real KV cache (0: prefill calls only, optimum-intel's
@@ -74,7 +77,7 @@ class ExportOptions:
     quantization_config: Any = None
     trust_remote_code: bool = False
     convert_tokenizer: bool = True
-    validation_new_tokens: int = 16
+    validation_new_tokens: int | None = None
     validation_prompt: str | None = None
     calibration_decode_steps: int = 4
     quiet: bool = False
@@ -111,9 +114,9 @@ class ExportOptions:
             raise InvalidOptionsError(
                 f"--calibration-decode-steps must be 0 or more, got {self.calibration_decode_steps}"
             )
-        if self.validation_new_tokens < 4:
+        if self.validation_new_tokens is not None and self.validation_new_tokens < 4:
             raise InvalidOptionsError(
-                f"validation_new_tokens must be at least 4 (a prefill and 3 decode steps), got {self.validation_new_tokens}"
+                f"--validation-tokens must be at least 4 (a prefill and 3 decode steps), got {self.validation_new_tokens}"
             )
 
     @property

@@ -6,17 +6,18 @@ import optimum_shared_graph
 def test_all():
     assert sorted(optimum_shared_graph.__all__) == sorted([
         "TASK", "ArtifactWriteError", "DecompositionError", "ExportOptions", "ExportValidationError", "InvalidOptionsError", "Manifest",
-        "ManifestError", "ModelNotSupportedError", "RuntimeSelectionError", "SharedGraphError", "export",
+        "ManifestError", "ModelNotSupportedError", "NotEnoughMemoryError", "RuntimeSelectionError", "SharedGraphError", "export",
         "read_manifest", "register", "runtime", "supported_model_types",
     ])
 
 
 def test_error_tree():
     from optimum_shared_graph import (ArtifactWriteError, DecompositionError, ExportValidationError, InvalidOptionsError,
-                                      ManifestError, ModelNotSupportedError, RuntimeSelectionError, SharedGraphError)
+                                      ManifestError, ModelNotSupportedError, NotEnoughMemoryError, RuntimeSelectionError,
+                                      SharedGraphError)
 
     for cls in (ArtifactWriteError, DecompositionError, ExportValidationError, InvalidOptionsError, ManifestError,
-                ModelNotSupportedError, RuntimeSelectionError):
+                ModelNotSupportedError, NotEnoughMemoryError, RuntimeSelectionError):
         assert issubclass(cls, SharedGraphError)
 
 

@@ -2,7 +2,8 @@
 
 `run_export()` is shared by the CLI and the Python API. It runs, in order:
 
-1. load (`load.py`): check the output directory and the model's config, before any work;
+1. load (`load.py`): check the output directory and the model's config, before any work, and whether the
+   validation fits in the memory available (`memory.py`: it chooses how many calls are captured);
 2. decompose (`decompose.py`): record the prefill and decode calls `generate()` makes, and check that
    one graph can serve both (or find the reason it cannot: then the fallback, `fallback.py`);
 3. convert (`convert.py`): optimum-intel's own export into a staging directory, with the both-stage
@@ -33,7 +34,7 @@ from ..quantization.calibration import CalibrationReport, is_data_aware
 from ..quantization.static import check_static_quantization, plan_static_quantization
 from ..registration import register_tasks, supported_model_types
 from ..tasks import BASE_TASK
-from . import convert, fallback, load, write
+from . import convert, fallback, load, memory, write
 from .decompose import decompose_model, release_pytorch, save_exported_model
 
 # optimum-intel's export of a model path into a directory (the CLI passes optimum-intel's own command,
@@ -81,6 +82,7 @@ def run_export(
             static_plan = plan_static_quantization(
                 static, opts, calibrating=opts.quantization_config is not None or is_data_aware(cli_config))
         weight_format = (quantization or {}).get("weight_format") or opts.weight_format
+        opts = memory.plan_validation(model, config, opts, weight_format)  # fits? how many calls? before any work
         export = _Export(model, config, opts, static, static_plan, weight_format)
         if static_plan is not None:
             export.calibrating = static_plan.calibrating

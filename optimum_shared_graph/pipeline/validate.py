@@ -6,6 +6,7 @@ import numpy as np
 
 from .decompose import Capture
 from ..errors import ExportValidationError
+from ..graph.parts import PartPlan, build_parts
 from ..progress import bar
 from ..runtimes.session import EXACT_CONFIG, GraphSession
 
@@ -15,7 +16,8 @@ from ..runtimes.session import EXACT_CONFIG, GraphSession
 RELATIVE_TOLERANCE = {"fp32": 1e-3, "fp16": 3e-2}
 
 
-def validate_graph(ov_model, capture: Capture, weight_format: str | None, *, session_class=GraphSession) -> dict:
+def validate_graph(ov_model, capture: Capture, weight_format: str | None, *, session_class=GraphSession,
+                   parts: PartPlan | None = None, model_type: str | None = None) -> dict:
     """Compare the graph with PyTorch on the captured prefill and decode calls.
 
     The graph is teacher-forced with the tokens `generate()` picked: at each call the maximum absolute
@@ -36,6 +38,9 @@ def validate_graph(ov_model, capture: Capture, weight_format: str | None, *, ses
         weight_format: the export's weight format (`None` means fp32 weights).
         session_class: what feeds the graph: `GraphSession` for dynamic graphs, the runtime's
             `StaticSession` for static ones, so validation makes the calls the runtime makes.
+        parts: run a stateful dynamic graph in these consecutive parts (`graph/parts.py`), one part's
+            weights compiled at a time, instead of compiling it whole (`pipeline/memory.py` decides).
+        model_type: the exported model type, for the inputs of Mamba-style graphs run in parts.
 
     Returns:
         The report written to the manifest under `validation`.
@@ -44,27 +49,19 @@ def validate_graph(ov_model, capture: Capture, weight_format: str | None, *, ses
         ExportValidationError: a greedy pick differs where PyTorch's margin is above the tolerance,
             or the logits differ beyond the tolerance, for fp32/fp16 weights.
     """
-    import openvino as ov
-
     fmt = weight_format or "fp32"
     enforced = fmt in RELATIVE_TOLERANCE
-    compiled = ov.Core().compile_model(ov_model, "CPU", EXACT_CONFIG)
-    session = session_class(compiled)
-    session.reset()
+    if parts is None or parts.count == 1:
+        outputs, run = _last_logits_whole(ov_model, capture, session_class), {"mode": "whole", "parts": 1}
+    else:
+        outputs, run = _last_logits_in_parts(ov_model, capture, parts, model_type), {"mode": "parts", **parts.to_dict()}
 
     diffs, picks, kls = [], [], []
-    feed = capture.prompt_ids
-    mask = capture.prompt_mask
-    calls = bar("validation: prefill + decode calls", iterable=capture.calls, unit="call")
-    for i, call in enumerate(calls):
-        logits = session.step(feed, mask)[:, -1, :].astype(np.float32)
+    for call, logits in zip(capture.calls, outputs):
         ref = call.last_logits.astype(np.float32)
         diffs.append(float(np.max(np.abs(logits - ref))))
         picks.append(logits.argmax(-1))
         kls.append(float(np.mean(_kl(ref, logits))))
-        feed = capture.tokens[:, i : i + 1]
-        mask = None
-    del session, compiled
     ours = np.stack(picks, axis=1)
     # like with like: the graph's raw argmax against PyTorch's raw argmax of the same call. The tokens fed
     # (teacher forcing) are generate()'s picks, which its logits processors can make differ from the raw argmax
@@ -82,6 +79,7 @@ def validate_graph(ov_model, capture: Capture, weight_format: str | None, *, ses
     first_mismatch = differing[0]["step"] if differing else None
     report = {
         "compile_config": dict(EXACT_CONFIG),
+        "run": run,
         "prompt_tokens": int(capture.prompt_ids.shape[1]),
         "decode_steps": len(capture.calls) - 1,
         "greedy_tokens": int(ours.shape[1]),
@@ -114,6 +112,55 @@ def validate_graph(ov_model, capture: Capture, weight_format: str | None, *, ses
             report=report,
         )
     return report
+
+
+def _teacher_forced(capture: Capture):
+    """The (input_ids, attention_mask) of each call: the prompt, then generate()'s picks one at a time."""
+    yield capture.prompt_ids, capture.prompt_mask
+    for i in range(len(capture.calls) - 1):
+        yield capture.tokens[:, i : i + 1], None
+
+
+def _last_logits_whole(ov_model, capture: Capture, session_class) -> list[np.ndarray]:
+    """Each call's last-position logits, from the whole graph compiled once."""
+    import openvino as ov
+
+    compiled = ov.Core().compile_model(ov_model, "CPU", EXACT_CONFIG)
+    session = session_class(compiled)
+    session.reset()
+    calls = bar("validation: prefill + decode calls", iterable=list(_teacher_forced(capture)), unit="call")
+    outputs = [session.step(ids, mask)[:, -1, :].astype(np.float32) for ids, mask in calls]
+    del session, compiled
+    return outputs
+
+
+def _last_logits_in_parts(ov_model, capture: Capture, plan: PartPlan, model_type: str | None) -> list[np.ndarray]:
+    """Each call's last-position logits, from the graph run in consecutive parts: part k compiled, fed every
+    call in order (its own state carried from call to call), the values later parts read kept (a few
+    activations per call), then freed."""
+    import openvino as ov
+
+    from .convert import return_freed_memory
+
+    feeds = GraphSession.feeds_only(ov_model, model_type=model_type)
+    values = [feeds.feed(ids, mask) for ids, mask in _teacher_forced(capture)]
+    core = ov.Core()
+    steps = bar(f"validation: {len(values)} calls x {plan.count} parts", total=len(values) * plan.count, unit="call")
+    for part in build_parts(ov_model.clone(), plan):
+        compiled = core.compile_model(part, "CPU", EXACT_CONFIG)
+        request = compiled.create_infer_request()
+        request.reset_state()
+        inputs = [port.get_any_name() for port in compiled.inputs]
+        outputs = [port.get_any_name() for port in compiled.outputs]
+        for call in values:
+            request.infer({name: call[name] for name in inputs})
+            for name in outputs:
+                call[name] = request.get_tensor(name).data.copy()
+            steps.update()
+        del request, compiled, part
+        return_freed_memory()
+    steps.close()
+    return [call["logits"][:, -1, :].astype(np.float32) for call in values]
 
 
 def _margin(logits: np.ndarray) -> float:

@@ -17,6 +17,7 @@ from ..runtimes.session import GraphSession
 from ..runtimes.static_session import StaticSession
 from .. import progress
 from . import fallback
+from .memory import validation_parts
 from .validate import validate_graph
 
 
@@ -59,7 +60,9 @@ def finish(raw: Path, final: Path, config, capture, reason, opts, model, quantiz
         exported_type = capture.exported.config.model_type if capture.module is not None else config.model_type
         session = StaticSession if opts.is_static else functools.partial(GraphSession, model_type=exported_type)
         weight_format = manifest.quantization["weight_format"] if not manifest.quantization["quant_mode"] else "int8"
-        manifest.validation = validate_graph(ov_model, capture, weight_format, session_class=session)
+        parts = None if opts.is_static else validation_parts(ov_model)  # whole, or in parts where it cannot fit
+        manifest.validation = validate_graph(ov_model, capture, weight_format, session_class=session, parts=parts,
+                                             model_type=exported_type)
     progress.stage("writing")
     write_artifact(raw, final, {graph_xml: None if unchanged else ov_model}, manifest)
     return manifest

@@ -49,10 +49,11 @@ class GraphSession:
 
     def __init__(self, compiled, *, model_type: str | None = None):
         self.compiled = compiled
-        self.request = compiled.create_infer_request()
-        self.inputs = {port.get_any_name(): port for port in compiled.inputs}
+        self.request = None if compiled is None else compiled.create_infer_request()
+        ports = compiled if compiled is not None else self._model
+        self.inputs = {port.get_any_name(): port for port in ports.inputs}
         self.past_names = [n for n in self.inputs if n.startswith(_PAST_PREFIXES)]
-        self.present_names = [p.get_any_name() for p in compiled.outputs if p.get_any_name().startswith(_PRESENT_PREFIXES)]
+        self.present_names = [p.get_any_name() for p in ports.outputs if p.get_any_name().startswith(_PRESENT_PREFIXES)]
         self.stateful = not self.past_names
         unknown = set(self.inputs) - _KNOWN_INPUTS - set(self.past_names)
         if unknown:
@@ -65,9 +66,18 @@ class GraphSession:
         self.full_mask_at_decode = not self.state_space or model_type in FULL_MASK_STATE_SPACE_TYPES
         self._cache_position: np.ndarray | None = None
 
+    @classmethod
+    def feeds_only(cls, ov_model, *, model_type: str | None = None) -> "GraphSession":
+        """A session that only computes the inputs of each call (`feed()`) for `ov_model`, with nothing
+        compiled: what runs a graph in parts feeds every part from it."""
+        session = cls.__new__(cls)
+        session._model = ov_model
+        cls.__init__(session, None, model_type=model_type)
+        return session
+
     def reset(self) -> None:
         """Forget the cache: the next call is a prefill."""
-        if self.stateful:
+        if self.stateful and self.request is not None:
             self.request.reset_state()
         self._mask = None
         self._past = {}
@@ -76,7 +86,10 @@ class GraphSession:
     def _conv_kernel(self) -> int | None:
         """The convolution window of a Mamba-style graph, read from its conv state's last axis."""
         shapes = [self.inputs[n].get_partial_shape() for n in self.past_names if ".conv" in n]
-        shapes += [state.state.shape for state in self.request.query_state() if ".conv" in state.name]
+        if self.request is not None:
+            shapes += [state.state.shape for state in self.request.query_state() if ".conv" in state.name]
+        else:
+            shapes += [v.info.data_shape for v in self._model.get_variables() if ".conv" in v.info.variable_id]
         for shape in shapes:
             last = shape[len(shape) - 1]
             if not hasattr(last, "is_static"):
@@ -108,6 +121,21 @@ class GraphSession:
             attention_mask: `[batch, new]` mask of the new tokens (ones if None). The session
                 keeps the mask of the tokens already in the cache.
         """
+        feed = self.feed(input_ids, attention_mask)
+        if not self.stateful:
+            feed.update(self._past or self._empty_past(len(feed["input_ids"])))
+        self.request.infer(feed)
+        logits = self.request.get_tensor("logits").data.copy()
+        if not self.stateful:
+            self._past = {
+                _past_name(name): self.request.get_tensor(name).data.copy()
+                for name in self.present_names
+            }
+        return logits
+
+    def feed(self, input_ids: np.ndarray, attention_mask: np.ndarray | None = None) -> dict[str, np.ndarray]:
+        """The graph inputs of one call (the cache inputs of a stateless graph aside), and the session's
+        bookkeeping advanced past it (the mask of the tokens in the cache, a Mamba-style cache position)."""
         input_ids = np.asarray(input_ids, dtype=np.int64)
         batch, new = input_ids.shape
         step_mask = np.ones((batch, new), dtype=np.int64) if attention_mask is None else np.asarray(attention_mask, np.int64)
@@ -121,17 +149,8 @@ class GraphSession:
             feed["position_ids"] = position_ids_from_mask(full_mask, new)
         if "beam_idx" in self.inputs:
             feed["beam_idx"] = np.arange(batch, dtype=np.int32)
-        if not self.stateful:
-            feed.update(self._past or self._empty_past(batch))
-        self.request.infer(feed)
-        logits = self.request.get_tensor("logits").data.copy()
-        if not self.stateful:
-            self._past = {
-                _past_name(name): self.request.get_tensor(name).data.copy()
-                for name in self.present_names
-            }
         self._mask = full_mask
-        return logits
+        return feed
 
     def _empty_past(self, batch: int) -> dict[str, np.ndarray]:
         past = {}

@@ -1,0 +1,190 @@
+"""How the export's validation fits in the memory it has: the whole graph compiled once, or in parts.
+
+optimum-intel's export keeps the weights memory-mapped (file pages the kernel reclaims under pressure), so it
+runs in far less memory than the model's size. Validation compiles the graph, and OpenVINO's CPU plugin then
+holds the compiled weights in anonymous memory (about the `.bin`; an embedding table in float32). Where that
+does not fit, the graph is run in consecutive parts (`graph/parts.py`), one part's weights compiled at a time,
+with the same results. The facts decided here, once:
+
+* `available_memory()`: what the process may still take: the cgroup's memory limit less its anonymous memory
+  (where a limit is set), else the system's `MemAvailable`;
+* `validation_parts()`: whole or in parts, and how large a part may be, from the memory available when the
+  graph is compiled;
+* `plan_validation()`, at stage 1: `check_fits()`, and how many calls the capture records;
+* `check_fits()`: before the conversion, whether even the smallest part (the largest single weight, or one
+  decoder layer) can fit; if not, the export stops with one line instead of being killed halfway.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..errors import InvalidOptionsError, NotEnoughMemoryError
+
+# Kept free beside a compiled part: activations, the inference request's buffers, the values kept between parts,
+# and the allocator's slack. Measured: 4 B model, 1 GB parts, ~0.6 GB above the part's weights at the peak.
+RESERVE = 768 * 2**20
+# The CPU plugin's compiled weights per byte of the IR's weights (measured, 4 B model in fp16: 1.02x for decoder
+# layers, 1.42x for lm_head; an embedding lookup reads the memory-mapped table in place).
+COMPILED_PER_BYTE = 1.5
+_NO_LIMIT = 2**60
+
+_CGROUP_ROOT = Path("/sys/fs/cgroup")
+MEMORY_ENV = "OPTIMUM_SHARED_GRAPH_MEMORY"
+
+
+@dataclass(frozen=True)
+class Memory:
+    """Memory the export may still use (bytes), and where the figure comes from."""
+
+    available: int
+    source: str  # "cgroup limit 3.0 GiB" or "MemAvailable"
+
+    def describe(self) -> str:
+        return f"{_gib(self.available)} available ({self.source})"
+
+
+def _gib(n: int) -> str:
+    return f"{n / 2**30:.1f} GiB"
+
+
+def _read_int(path: Path) -> int | None:
+    try:
+        text = path.read_text().strip()
+    except OSError:
+        return None
+    return None if text in ("", "max") else int(text)
+
+
+def _stat(path: Path, key: str) -> int | None:
+    try:
+        for line in path.read_text().splitlines():
+            fields = line.split()
+            if len(fields) >= 2 and fields[0] == key:
+                return int(fields[1])
+    except OSError:
+        return None
+    return None
+
+
+def _cgroup_limits() -> list[tuple[int, int]]:
+    """(limit, anonymous bytes in use) for the memory cgroup of this process and each of its ancestors."""
+    found = []
+    try:
+        lines = Path("/proc/self/cgroup").read_text().splitlines()
+    except OSError:
+        return found
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        if controllers == "" and (_CGROUP_ROOT / "cgroup.controllers").exists():  # cgroup v2
+            base, limit_file, anon_key = _CGROUP_ROOT, "memory.max", "anon"
+        elif "memory" in controllers.split(","):  # cgroup v1
+            base, limit_file, anon_key = _CGROUP_ROOT / "memory", "memory.limit_in_bytes", "total_rss"
+        else:
+            continue
+        group = base / path.lstrip("/")
+        while True:
+            limit = _read_int(group / limit_file)
+            if limit is not None and limit < _NO_LIMIT:
+                found.append((limit, _stat(group / "memory.stat", anon_key) or 0))
+            if group == base or base not in group.parents:
+                break
+            group = group.parent
+    return found
+
+
+def available_memory() -> Memory:
+    """What this process may still take: the tightest cgroup memory limit less the anonymous memory already
+    charged to it (page cache is reclaimable), or the system's `MemAvailable`, whichever is smaller. The
+    environment variable `OPTIMUM_SHARED_GRAPH_MEMORY` (bytes) replaces the figure: plan for less than is free
+    (a machine shared with other work), or make a small model validate in parts."""
+    given = os.environ.get(MEMORY_ENV)
+    if given:
+        try:
+            return Memory(int(given), MEMORY_ENV)
+        except ValueError:
+            raise InvalidOptionsError(f"{MEMORY_ENV}={given!r} is not a number of bytes: set it to an integer or unset it") from None
+    meminfo = _stat(Path("/proc/meminfo"), "MemAvailable:")
+    best = Memory(meminfo * 1024, "MemAvailable") if meminfo is not None else Memory(_NO_LIMIT, "no limit found")
+    for limit, anon in _cgroup_limits():
+        if limit - anon < best.available:
+            best = Memory(max(0, limit - anon), f"cgroup limit {_gib(limit)}")
+    return best
+
+
+def validation_parts(ov_model, memory: Memory | None = None):
+    """The `PartPlan` validation runs `ov_model` in: one part when its compiled weights fit beside `RESERVE`,
+    else parts as large as fit. A stateless graph is always compiled whole (None)."""
+    from ..graph.parts import plan_parts
+
+    if not _stateful(ov_model):
+        return None
+    memory = memory or available_memory()
+    budget = int(max(memory.available - RESERVE, 0) / COMPILED_PER_BYTE)
+    return plan_parts(ov_model, budget)
+
+
+def _stateful(ov_model) -> bool:
+    return bool(ov_model.get_sinks()) and not any(p.get_any_name().startswith("past_key_values") for p in ov_model.inputs)
+
+
+def check_fits(config, weight_format: str | None, memory: Memory | None = None) -> None:
+    """Stop before any export work when validation cannot fit even one part: the largest single piece a part
+    must hold (`lm_head`, one decoder layer) beside `RESERVE`."""
+    need = smallest_part_bytes(config, weight_format)
+    if need is None:
+        return
+    memory = memory or available_memory()
+    if memory.available >= need + RESERVE:
+        return
+    raise NotEnoughMemoryError(
+        f"validating this export needs at least {_gib(need + RESERVE)} of memory (its largest piece, "
+        f"{_gib(need)}, compiled, plus {_gib(RESERVE)} to run it) and {memory.describe()}: raise the memory "
+        "limit, or pass --skip-validation to keep an unchecked artifact (nothing was written)"
+    )
+
+
+_BYTES = {"fp32": 4, "fp16": 2, "int8": 1, "int4": 0.5, "mxfp4": 0.5, "nf4": 0.5, "cb4": 0.5}
+
+
+def smallest_part_bytes(config, weight_format: str | None) -> int | None:
+    """The smallest part validation can run, compiled: `lm_head` or one decoder layer's weights at the export's
+    format, whichever is larger, times `COMPILED_PER_BYTE`. None when the config does not say."""
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    hidden = getattr(text, "hidden_size", None)
+    vocab = getattr(text, "vocab_size", None)
+    layers = getattr(text, "num_hidden_layers", None)
+    inter = getattr(text, "intermediate_size", None) or (4 * hidden if hidden else None)
+    if not (hidden and vocab and layers):
+        return None
+    per_weight = _BYTES.get(weight_format or "fp16", 2)
+    layer = int((4 * hidden * hidden + 3 * hidden * inter) * per_weight)
+    return int(COMPILED_PER_BYTE * max(vocab * hidden * per_weight, layer))
+
+
+def checkpoint_bytes(model: str) -> int | None:
+    """The size of a local checkpoint's weight files (None for a hub id not downloaded here)."""
+    path = Path(model)
+    if not path.is_dir():
+        return None
+    files = [p for p in path.iterdir() if p.suffix in (".safetensors", ".bin") and p.is_file()]
+    return sum(p.stat().st_size for p in files) or None
+
+
+def plan_validation(model: str, config, opts, weight_format: str | None):
+    """Stage 1's memory facts, decided once: stop now if validation cannot fit (`check_fits`), and choose how
+    many greedy tokens are captured when the options leave it open. Returns the options with
+    `validation_new_tokens` set."""
+    import dataclasses
+
+    if opts.skip_validation:
+        return opts if opts.validation_new_tokens is not None else dataclasses.replace(opts, validation_new_tokens=16)
+    memory = available_memory()
+    check_fits(config, weight_format, memory)
+    if opts.validation_new_tokens is not None:
+        return opts
+    size = checkpoint_bytes(model)
+    fits = size is None or size + RESERVE <= memory.available
+    return dataclasses.replace(opts, validation_new_tokens=16 if fits else 4)

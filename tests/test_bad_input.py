@@ -262,3 +262,41 @@ def test_full_disk_from_python(small_disk, tiny_model):
     with pytest.raises(osg.ArtifactWriteError, match="no space left on the disk holding"):
         osg.export(str(tiny_model("llama")), disk / "out", quiet=True)
     assert list(disk.iterdir()) == []
+
+
+def test_failed_validation_in_parts_writes_nothing(flip_model, out_dir, monkeypatch):
+    """The broken-decode model is refused when its graph is validated part by part, as when compiled whole."""
+    from optimum_shared_graph.pipeline.memory import MEMORY_ENV, RESERVE
+
+    monkeypatch.setenv(MEMORY_ENV, str(RESERVE + 300_000))  # parts of ~200 KB: the tiny llama in several parts
+    before = tree_snapshot(out_dir)
+    proc = _export(flip_model, out_dir, "--trust-remote-code")
+    assert proc.returncode != 0
+    line = error_line(proc)
+    assert line.startswith("error: validation failed") and "greedy token" in line
+    _assert_unchanged(out_dir, before)
+
+
+def test_not_enough_memory_for_one_part_is_refused_before_any_work(tiny_model, out_dir, monkeypatch):
+    from optimum_shared_graph.pipeline.memory import MEMORY_ENV
+
+    monkeypatch.setenv(MEMORY_ENV, str(100 * 2**20))
+    before = tree_snapshot(out_dir)
+    proc = _export(tiny_model("llama"), out_dir)
+    assert proc.returncode == 2
+    line = error_line(proc)
+    assert line.startswith("error: validating this export needs at least ") and "0.1 GiB available" in line
+    assert "--skip-validation" in line and "nothing was written" in line
+    assert "converting" not in proc.stderr  # stopped at the first stage
+    _assert_unchanged(out_dir, before)
+
+
+def test_memory_variable_that_is_not_a_number(tiny_model, out_dir, monkeypatch):
+    from optimum_shared_graph.pipeline.memory import MEMORY_ENV
+
+    monkeypatch.setenv(MEMORY_ENV, "3GB")
+    before = tree_snapshot(out_dir)
+    proc = _export(tiny_model("llama"), out_dir)
+    assert proc.returncode == 2
+    assert error_line(proc) == f"error: {MEMORY_ENV}='3GB' is not a number of bytes: set it to an integer or unset it"
+    _assert_unchanged(out_dir, before)

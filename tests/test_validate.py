@@ -110,3 +110,22 @@ def test_a_raw_argmax_at_eos_inside_the_captured_tokens_passes(tmp_path):
     manifest = osg.export(str(model), tmp_path / "ov", quiet=True)
     v = manifest.validation
     assert v["status"] == "passed" and v["greedy_match"] and v["differing_steps"] == [], v
+
+
+def test_validation_in_parts_passes_and_is_recorded(tiny_model, tmp_path, monkeypatch):
+    """Where the memory available cannot hold the whole compiled graph, it is validated in parts, with the
+    same verdict and figures, and the manifest says so; the capture then records the minimum 4 tokens (each call
+    rereads the weights), unless the options ask for more."""
+    from optimum_shared_graph.pipeline.memory import MEMORY_ENV, RESERVE
+
+    model = tiny_model("llama")
+    whole = osg.export(str(model), tmp_path / "whole", quiet=True).validation
+    assert whole["run"] == {"mode": "whole", "parts": 1} and whole["greedy_tokens"] == 16
+    monkeypatch.setenv(MEMORY_ENV, str(RESERVE + 300_000))
+    parts = osg.export(str(model), tmp_path / "parts", quiet=True).validation
+    assert parts["status"] == "passed" and parts["run"]["mode"] == "parts" and parts["run"]["parts"] >= 2
+    assert parts["greedy_tokens"] == 4 and parts["decode_steps"] == 3
+    assert parts["max_abs_diff_decode"] == pytest.approx(whole["max_abs_diff_decode"], abs=1e-5)
+    more = osg.export(str(model), tmp_path / "more", quiet=True, validation_new_tokens=16).validation
+    assert more["run"]["mode"] == "parts" and more["greedy_tokens"] == 16
+    assert more["max_abs_diff_decode"] == pytest.approx(whole["max_abs_diff_decode"], abs=1e-5)

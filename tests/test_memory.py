@@ -1,0 +1,109 @@
+"""How validation fits in memory (pipeline/memory.py): the limit found, whole or in parts, the captured calls."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from optimum_shared_graph.options import ExportOptions
+from optimum_shared_graph.pipeline import memory
+
+CGROUP = Path("/sys/fs/cgroup/memory")
+
+
+def _cgroup_skip_reason() -> str | None:
+    if not (CGROUP / "memory.limit_in_bytes").exists():
+        return "no cgroup v1 memory controller here: a memory limit cannot be set"
+    if os.geteuid() != 0:
+        return "setting a cgroup memory limit needs root"
+    return None
+
+
+@pytest.fixture
+def memory_limit():
+    """A cgroup with a memory limit (GiB); `enter` moves a child process into it before it runs."""
+    why = _cgroup_skip_reason()
+    if why:
+        pytest.skip(why)
+    group = CGROUP / f"osg-test-{os.getpid()}"
+    group.mkdir()
+
+    class Limit:
+        def __init__(self):
+            self.path = group
+
+        def set(self, gib: float):
+            (group / "memory.limit_in_bytes").write_text(str(int(gib * 2**30)))
+            return self
+
+        def enter(self):
+            (group / "cgroup.procs").write_text(str(os.getpid()))
+
+    yield Limit()
+    group.rmdir()
+
+
+def test_a_cgroup_limit_is_what_is_available(memory_limit):
+    limit = memory_limit.set(3)
+    code = "from optimum_shared_graph.pipeline.memory import available_memory as a; m = a(); print(m.available, m.source)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         preexec_fn=limit.enter, env={k: v for k, v in os.environ.items() if k != memory.MEMORY_ENV})
+    available, source = out.stdout.split(maxsplit=1)
+    assert source.strip() == "cgroup limit 3.0 GiB"
+    assert 2 * 2**30 < int(available) < 3 * 2**30  # the limit less the anonymous memory the child already holds
+
+
+def test_without_a_limit_it_is_memavailable(monkeypatch):
+    monkeypatch.delenv(memory.MEMORY_ENV, raising=False)
+    found = memory.available_memory()
+    meminfo = {line.split()[0]: int(line.split()[1]) for line in Path("/proc/meminfo").read_text().splitlines()}
+    if found.source == "MemAvailable":
+        assert abs(found.available - meminfo["MemAvailable:"] * 1024) < 2**30
+    else:  # this process runs under a cgroup limit tighter than the system's free memory
+        assert found.source.startswith("cgroup limit") and found.available <= meminfo["MemAvailable:"] * 1024
+
+
+def test_the_environment_variable_replaces_the_figure(monkeypatch):
+    monkeypatch.setenv(memory.MEMORY_ENV, str(5 * 2**30))
+    assert memory.available_memory() == memory.Memory(5 * 2**30, memory.MEMORY_ENV)
+
+
+@pytest.mark.parametrize("room, given, chosen", [
+    (1e6, None, 16),   # the checkpoint stays in the page cache: 16 tokens cost compute only
+    (0.5, None, 4),    # the weights are reread from disk at each call: the prefill and 3 decode steps
+    (0.5, 8, 8),       # what the options ask for
+])
+def test_captured_tokens_follow_the_memory(tiny_model, monkeypatch, room, given, chosen):
+    """`room`: the memory available beside RESERVE, in checkpoints."""
+    from transformers import AutoConfig
+
+    model = tiny_model("llama")
+    size = memory.checkpoint_bytes(str(model))
+    assert size == sum(p.stat().st_size for p in model.glob("*.safetensors"))
+    monkeypatch.setenv(memory.MEMORY_ENV, str(int(memory.RESERVE + room * size)))
+    config = AutoConfig.from_pretrained(model)
+    opts = memory.plan_validation(str(model), config, ExportOptions(validation_new_tokens=given), "fp32")
+    assert opts.validation_new_tokens == chosen
+
+
+def test_skip_validation_needs_no_memory_check(tiny_model, monkeypatch):
+    from transformers import AutoConfig
+
+    model = tiny_model("llama")
+    monkeypatch.setenv(memory.MEMORY_ENV, "1")
+    opts = memory.plan_validation(str(model), AutoConfig.from_pretrained(model), ExportOptions(skip_validation=True), None)
+    assert opts.validation_new_tokens == 16
+
+
+def test_smallest_part_is_lm_head_or_one_layer():
+    from transformers import AutoConfig
+
+    config = AutoConfig.for_model("qwen3", hidden_size=2560, intermediate_size=9728, num_hidden_layers=36,
+                                  num_attention_heads=32, num_key_value_heads=8, head_dim=128, vocab_size=151936)
+    fp16 = memory.smallest_part_bytes(config, "fp16")
+    assert fp16 == int(memory.COMPILED_PER_BYTE * 151936 * 2560 * 2)  # lm_head is larger than a layer here
+    assert memory.smallest_part_bytes(config, "int4") < fp16

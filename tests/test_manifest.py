@@ -57,7 +57,7 @@ def test_newer_schema(artifact):
 
 def test_tampered_bin(artifact):
     (artifact / "openvino_model.bin").write_bytes(b"\1" * 64)
-    with pytest.raises(ManifestError, match="openvino_model.bin does not match the sha256"):
+    with pytest.raises(ManifestError, match="openvino_model.bin does not match its digest"):
         read_manifest(artifact)
 
 

@@ -167,7 +167,7 @@ def test_tampered_bin_is_refused(artifact_copy):
         byte = fh.read(1)
         fh.seek(100)
         fh.write(bytes([byte[0] ^ 0xFF]))
-    _refused(artifact_copy, "openvino_model.bin does not match the sha256")
+    _refused(artifact_copy, "openvino_model.bin does not match its digest")
 
 
 def test_missing_manifest_is_refused(artifact_copy, tmp_path):

@@ -128,7 +128,7 @@ def test_rewritten_bin_is_refused_even_when_cached(cached_copy):
     os.utime(bin_path, ns=(before.st_atime_ns, before.st_mtime_ns))  # size and mtime as they were
     after = os.stat(bin_path)
     assert (after.st_ino, after.st_size, after.st_mtime_ns) == (before.st_ino, before.st_size, before.st_mtime_ns)
-    with pytest.raises(ManifestError, match="openvino_model.bin does not match the sha256 in .*re-export the model"):
+    with pytest.raises(ManifestError, match="openvino_model.bin does not match its digest in .*re-export the model"):
         osg.runtime(cached_copy)
 
 
@@ -140,7 +140,7 @@ def test_replaced_bin_is_refused_even_when_cached(cached_copy, tmp_path):
     _flip_byte(other)
     os.utime(other, ns=(before.st_atime_ns, before.st_mtime_ns))
     os.replace(other, bin_path)
-    with pytest.raises(ManifestError, match="openvino_model.bin does not match the sha256"):
+    with pytest.raises(ManifestError, match="openvino_model.bin does not match its digest"):
         read_manifest(cached_copy)
 
 
@@ -181,7 +181,7 @@ def test_cache_others_can_write_is_ignored(cached_copy, cache):
 def test_poisoned_entry_does_not_pass_a_changed_file(cached_copy, cache):
     """An entry matching the file's old identity cannot vouch for it once it changed (its ctime moved)."""
     _flip_byte(cached_copy / "openvino_model.bin")
-    with pytest.raises(ManifestError, match="does not match the sha256"):
+    with pytest.raises(ManifestError, match="does not match its digest"):
         read_manifest(cached_copy)
 
 
@@ -242,3 +242,111 @@ def test_a_file_changed_just_before_its_hash_is_not_remembered(cache, tmp_path):
     known = VerifiedFiles()
     assert not known.remember(path, identity, "0" * 64, hash_started_ns=time.time_ns())
     assert known.remember(path, identity, "0" * 64, hash_started_ns=identity.ctime_ns + SETTLED_NS)
+
+
+# ------------------------------------------------------------------------- the fast check of a copy
+
+
+@pytest.fixture
+def cold_copy(exported, cache, tmp_path) -> Path:
+    """A copy of the artifact this machine never verified: the first load of a copied artifact."""
+    copy = tmp_path / "cold"
+    shutil.copytree(exported[0], copy)
+    return copy
+
+
+def test_the_manifest_records_sha256_and_xxh3(exported):
+    import hashlib
+
+    import xxhash
+
+    artifact, _ = exported
+    manifest = read_manifest(artifact, verify=False)
+    assert sorted(manifest.files) == sorted(manifest.files_xxh3_128) == sorted(GRAPH_FILES)
+    for name in GRAPH_FILES:
+        data = (artifact / name).read_bytes()
+        assert manifest.files[name] == hashlib.sha256(data).hexdigest()
+        assert manifest.files_xxh3_128[name] == xxhash.xxh3_128(data).hexdigest()
+
+
+def test_a_changed_file_is_refused_on_the_cold_path(cold_copy):
+    _flip_byte(cold_copy / "openvino_model.bin")
+    with pytest.raises(ManifestError, match="openvino_model.bin does not match its digest in .*re-export the model"):
+        osg.runtime(cold_copy)
+
+
+def test_a_truncated_bin_is_refused(cold_copy):
+    bin_path = cold_copy / "openvino_model.bin"
+    os.truncate(bin_path, bin_path.stat().st_size - 1)
+    with pytest.raises(ManifestError, match="openvino_model.bin does not match its digest"):
+        osg.runtime(cold_copy)
+
+
+def test_a_manifest_without_the_fast_digest_is_checked_with_sha256(cold_copy):
+    """An artifact exported before the XXH3-128 digest was recorded: its sha256 is what is checked."""
+    path = cold_copy / "shared_graph.json"
+    data = json.loads(path.read_text())
+    del data["files_xxh3_128"]
+    path.write_text(json.dumps(data))
+    assert read_manifest(cold_copy, verify="full").files_xxh3_128 == {}
+    _flip_byte(cold_copy / "openvino_model.bin")
+    with pytest.raises(ManifestError, match="openvino_model.bin does not match its digest"):
+        read_manifest(cold_copy, verify="full")
+
+
+def test_the_check_reads_each_graph_file_once(cold_copy):
+    """From disk, with the page cache of the copy dropped: the check's reads are the graph files' size."""
+    import subprocess
+
+    sizes = sum((cold_copy / name).stat().st_size for name in GRAPH_FILES)
+    os.sync()
+    for name in GRAPH_FILES:
+        fd = os.open(cold_copy / name, os.O_RDONLY)
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+    code = ("import sys; from optimum_shared_graph import read_manifest as r; r(sys.argv[1], verify='full'); "
+            "print([int(l.split()[1]) for l in open('/proc/self/io') if l.startswith('read_bytes')][0])")
+    out = subprocess.run([sys.executable, "-c", code, str(cold_copy)], capture_output=True, text=True, check=True)
+    read = int(out.stdout.split()[-1])
+    if read == 0:
+        pytest.skip("this filesystem kept the files in memory (nothing was read from a disk)")
+    assert read <= sizes * 1.05 + 512 * 1024, (read, sizes)  # the files once, and the interpreter's own few reads
+
+
+def _mount_tmpfs(where: Path) -> None:
+    import subprocess
+
+    where.mkdir(parents=True, exist_ok=True)
+    proc = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(where)], capture_output=True, text=True)
+    if proc.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {proc.stderr.strip()}")
+
+
+def test_a_read_only_artifact_with_an_unwritable_cache_loads_checked_without_warnings(exported, tmp_path, monkeypatch):
+    import subprocess
+    import warnings
+
+    artifact, cache_dir = tmp_path / "ro-artifact", tmp_path / "ro-cache"
+    _mount_tmpfs(artifact)
+    _mount_tmpfs(cache_dir)
+    try:
+        shutil.copytree(exported[0], artifact, dirs_exist_ok=True)
+        for where in (artifact, cache_dir):
+            subprocess.run(["mount", "-o", "remount,ro", str(where)], check=True)
+        monkeypatch.setenv(CACHE_DIR_ENV, str(cache_dir))
+        monkeypatch.delenv(VERIFY_ENV, raising=False)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            model = osg.runtime(artifact)
+            assert model.generate(input_ids=__import__("torch").tensor([[5, 6, 7]]), max_new_tokens=2).shape == (1, 5)
+        assert not (cache_dir / CACHE_FILE).exists()  # nothing could be remembered, and nothing failed
+        subprocess.run(["mount", "-o", "remount,rw", str(artifact)], check=True)
+        _flip_byte(artifact / "openvino_model.bin")
+        subprocess.run(["mount", "-o", "remount,ro", str(artifact)], check=True)
+        with pytest.raises(ManifestError, match="does not match its digest"):
+            osg.runtime(artifact)  # checked again at every load: nothing was remembered
+    finally:
+        for where in (artifact, cache_dir):
+            subprocess.run(["umount", "--lazy", str(where)], check=False)

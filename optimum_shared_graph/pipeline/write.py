@@ -12,7 +12,7 @@ from typing import Any
 from ..errors import SharedGraphError
 from ..graph.logits import is_sliced, slice_logits
 from ..graph.static import shapes_of
-from ..manifest import GRAPH_XML, RT_INFO_KEY, STATIC_GRAPH_XML, Manifest, build_manifest, hash_graph_files
+from ..manifest import GRAPH_XML, RT_INFO_KEY, STATIC_GRAPH_XML, Manifest, build_manifest, digest_graph_files
 from ..runtimes.session import GraphSession
 from ..runtimes.static_session import StaticSession
 from .. import progress
@@ -103,7 +103,8 @@ def write_artifact(raw: Path, final: Path, graphs: dict, manifest: Manifest) -> 
         del graph
     graphs.clear()
     # Remembered as verified on this machine: the first load after the export does not hash them again.
-    manifest.files = hash_graph_files(final, sorted(n for n in graph_files if (final / n).is_file()), remember=True)
+    manifest.files, manifest.files_xxh3_128 = digest_graph_files(
+        final, sorted(n for n in graph_files if (final / n).is_file()), remember=True)
     manifest.write(final)
 
 

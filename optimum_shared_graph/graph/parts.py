@@ -212,14 +212,11 @@ def plan_parts(model, max_part_bytes: int) -> PartPlan:
     good = [p for p in inner if crossing[p] <= fewest]
     cuts, start = [], 0
     while prefix[n] - prefix[start] > max_part_bytes:
-        later = [p for p in good if p > start]
-        fits = [p for p in later if prefix[p] - prefix[start] <= max_part_bytes and prefix[p] > prefix[start]]
+        later = [p for p in good if p > start and prefix[p] > prefix[start]]
         if not later:
             break
-        start = max(fits) if fits else min(p for p in later if prefix[p] > prefix[start]) if any(
-            prefix[p] > prefix[start] for p in later) else None
-        if start is None:
-            break
+        fits = [p for p in later if prefix[p] - prefix[start] <= max_part_bytes]
+        start = max(fits) if fits else min(later)
         cuts.append(start)
     plan = PartPlan(cuts=cuts, part_bytes=[], crossing=[crossing[c] for c in cuts], total_bytes=total, _order=g.ops)
     plan.part_bytes = [_part_bytes(g, lo, hi) for lo, hi in _bounds(cuts, n)]

@@ -60,3 +60,25 @@ def test_quick_run_end_to_end(tmp_path):
     assert "text-generation-shared against text-generation-with-past" in text
     assert "time to first token" in text and "Memory-bandwidth bound" in text
     assert (docs / "benchmarks.png").stat().st_size > 0
+
+
+@pytest.mark.timeout(660)
+def test_memory_suite_on_the_toy_model(tmp_path):
+    """`benchmarks/memory.py`: exports under a cgroup memory limit, which completes, the page."""
+    if not Path("/sys/fs/cgroup/memory/memory.limit_in_bytes").exists() or os.geteuid() != 0:
+        pytest.skip("a cgroup v1 memory limit cannot be set here (needs its controller and root)")
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "memory.py"), "--model", "qwen2-toy", "--formats", "fp16",
+         "--limits", "2", "--workdir", str(tmp_path), "--docs-dir", str(docs)],
+        capture_output=True, text=True, env=_env(), timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    (result_file,) = tmp_path.glob("results-memory-qwen2-toy-*.json")
+    rows = json.loads(result_file.read_text())["rows"]
+    assert [(r["task"], r["limit_gib"], r["completed"]) for r in rows] == [
+        ("text-generation-with-past", 2, True), ("text-generation-shared", 3, True)]
+    assert rows[1]["validation"]["status"] == "passed" and rows[1]["validation"]["run"]["mode"] == "whole"
+    page = (docs / "benchmarks-memory.md").read_text()
+    assert "| text-generation-shared | fp16 | 3 GiB | yes |" in page

@@ -1,0 +1,202 @@
+"""A multimodal checkpoint's language model, exported as the one shared graph (stage 1 decides, stage 3 loads it).
+
+Many decoder families are published as multimodal wrappers only: Qwen3.5 and Qwen3.5-MoE as
+`Qwen3_5ForConditionalGeneration` / `Qwen3_5MoeForConditionalGeneration` (model type `qwen3_5` /
+`qwen3_5_moe`), the language model's configuration under `text_config`, a `vision_config` beside it.
+`--task text-generation-shared` asks for text generation, so for such a checkpoint it exports the
+language model (`language_model()` says whether it can) and leaves the vision part out; the manifest
+(`model.left_out`) and the summary line say so, and how to get the whole model (optimum-intel's
+`image-text-to-text` task). docs/multimodal.md says why this is the default.
+
+The language model is loaded by transformers itself, once, from the checkpoint's own weight files:
+`text_view()` writes a directory whose `config.json` is the language model's configuration (what
+`config.get_text_config()` returns, the text model type, e.g. `qwen3_5_moe_text`) and whose other files
+are links to the checkpoint's, so optimum-intel's export loads it with `from_pretrained` like any causal
+LM directory. transformers maps the checkpoint's weight names onto the text model
+(`model.language_model.*` to `model.*`: its own checkpoint conversion for the type) and skips the vision
+weights without reading them, so only the language model's weights are ever in memory. A checkpoint whose
+weight names the text model would not find (some of its weights would be left random) is refused
+before any work (`check_weights`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..errors import ModelNotSupportedError
+from ..registration import supported_model_types
+from ..tasks import BASE_TASK, TASK, VLM_TASK
+
+# How to get what was left out, for the manifest and the summary line.
+WHOLE_MODEL = f"optimum-cli export openvino --task {VLM_TASK}"
+
+
+@dataclass
+class LanguageModel:
+    """The language model of a multimodal checkpoint, as transformers loads it on its own."""
+
+    config: Any  # the text configuration (`config.get_text_config()`), with `architectures` set
+    architecture: str  # the causal LM class transformers builds for it
+    source_type: str  # the checkpoint's model type (`qwen3_5_moe`)
+    source_architecture: str  # the checkpoint's class (`Qwen3_5MoeForConditionalGeneration`)
+    left_out: list[str] = field(default_factory=list)  # the sub-configurations not exported (`vision_config`)
+
+    def manifest_facts(self) -> dict:
+        """What the manifest's `model` records (`model_type` / `architecture` stay the checkpoint's)."""
+        return {
+            "model_type": self.source_type,
+            "architecture": self.source_architecture,
+            "exported_model_type": self.config.model_type,
+            "exported_architecture": self.architecture,
+            "left_out": {name: f"not exported: {WHOLE_MODEL} exports the whole model" for name in self.left_out},
+        }
+
+
+def _sub_configs(config) -> list[str]:
+    """The sub-configurations of a composite config other than its text one (`vision_config`, ...)."""
+    names = getattr(config, "sub_configs", None) or {}
+    return [name for name in names if name != "text_config" and getattr(config, name, None) is not None]
+
+
+def is_multimodal(config) -> bool:
+    """A composite configuration with a text model and something beside it (vision, audio)."""
+    try:
+        text = config.get_text_config(decoder=True)
+    except Exception:  # noqa: BLE001 - an unusual remote-code config: not one of these
+        return False
+    return text is not config and bool(_sub_configs(config))
+
+
+def language_model(config) -> LanguageModel | None:
+    """The language model to export for a multimodal `config`, or None when it is not multimodal.
+
+    Raises:
+        ModelNotSupportedError: the checkpoint is multimodal but its language model is not a causal LM type
+            optimum-intel exports, or transformers has no causal LM class that loads it from this checkpoint.
+    """
+    if not is_multimodal(config):
+        return None
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES as CAUSAL
+
+    text = config.get_text_config(decoder=True)
+    source = getattr(config, "model_type", None)
+    architecture = (getattr(config, "architectures", None) or [source])[0]
+    text_type = getattr(text, "model_type", None)
+    if text_type not in supported_model_types() or text_type not in CAUSAL:
+        why = ("transformers has no causal LM class for it" if text_type in supported_model_types()
+               else f"optimum-intel does not export it as {BASE_TASK}")
+        raise ModelNotSupportedError(
+            f"{architecture} ({source}) is a multimodal model whose language model ({text_type}) {TASK} cannot "
+            f"export: {why}; export the whole model with --task {VLM_TASK}"
+        )
+    # transformers loads the text model from the multimodal checkpoint itself only where its causal LM
+    # mapping sends the multimodal type to the text model's class ("VLM compatibility")
+    if CAUSAL.get(source) != CAUSAL[text_type]:
+        raise ModelNotSupportedError(
+            f"{architecture} ({source}) is a multimodal model whose language model ({text_type}) transformers "
+            f"does not load from this checkpoint on its own ({CAUSAL[text_type]} from a {source} checkpoint), so "
+            f"{TASK} cannot export it yet; export the whole model with --task {VLM_TASK}"
+        )
+    import copy
+
+    text = copy.deepcopy(text)
+    text.architectures = [CAUSAL[text_type]]
+    return LanguageModel(config=text, architecture=CAUSAL[text_type], source_type=source,
+                         source_architecture=architecture, left_out=_sub_configs(config))
+
+
+def plan(config) -> LanguageModel | None:
+    """Stage 1: the language model to export for `config`, or None (not a multimodal checkpoint, or one the
+    fallback exports with optimum-intel's `image-text-to-text` partitioning: its language model cannot be
+    exported on its own, `fallback.py`).
+
+    Raises:
+        ModelNotSupportedError: a multimodal checkpoint neither its language model nor a fallback can export.
+    """
+    from . import fallback
+
+    if getattr(config, "model_type", None) in supported_model_types() or not is_multimodal(config):
+        return None  # optimum-intel exports the type itself as a causal LM (llama4, ...), or not multimodal
+    try:
+        return language_model(config)
+    except ModelNotSupportedError:
+        if fallback.is_vision_language(config):
+            return None
+        raise
+
+
+def _local_files(model: str) -> Path:
+    """The checkpoint's directory: `model` itself, or the hub snapshot optimum-intel's export would download."""
+    if os.path.isdir(model):
+        return Path(model)
+    from huggingface_hub import snapshot_download
+
+    return Path(snapshot_download(model))
+
+
+def text_view(model: str, language: LanguageModel, directory: Path) -> Path:
+    """A directory optimum-intel's export loads as the language model: its `config.json`, and links to
+    every other file of the checkpoint (weights, tokenizer, generation config). Returns `directory`."""
+    source = _local_files(model).absolute()
+    directory.mkdir(parents=True)
+    for item in source.iterdir():
+        if item.name != "config.json" and not item.name.startswith("."):
+            os.symlink(item, directory / item.name)
+    language.config.save_pretrained(str(directory))
+    return directory
+
+
+def check_weights(model: str, language: LanguageModel) -> None:
+    """Refuse, before any work, a checkpoint whose weight names the language model would not find.
+
+    The language model's parameter names (built on the meta device: no memory) are compared with the
+    checkpoint's (read from the safetensors headers), after transformers' own renaming for the type.
+
+    Raises:
+        ModelNotSupportedError: some language model weights are not in the checkpoint.
+    """
+    source = _local_files(model)
+    names = _checkpoint_names(source)
+    if names is None:  # not safetensors: transformers reports what it cannot load
+        return
+    import torch
+    from transformers import AutoModelForCausalLM
+    from transformers.conversion_mapping import get_model_conversion_mapping
+    from transformers.core_model_loading import WeightConverter, WeightRenaming, rename_source_key
+
+    with torch.device("meta"):
+        text_model = AutoModelForCausalLM.from_config(language.config)
+    expected = text_model.state_dict()
+    transforms = get_model_conversion_mapping(text_model)
+    renamings = [t for t in transforms if isinstance(t, WeightRenaming)]
+    converters = [t for t in transforms if isinstance(t, WeightConverter)]
+    found = {rename_source_key(name, renamings, converters, prefix=text_model.base_model_prefix,
+                               meta_state_dict=expected)[0] for name in names}
+    tied = set(getattr(text_model, "_tied_weights_keys", None) or {}) if language.config.tie_word_embeddings else set()
+    missing = sorted(k for k in expected if k not in found and k not in tied)
+    if missing:
+        raise ModelNotSupportedError(
+            f"{language.source_architecture} ({language.source_type}): the checkpoint has no weights for "
+            f"{len(missing)} of its language model's parameters ({', '.join(missing[:3])}, ...) under the names "
+            f"transformers loads them from; export the whole model with --task {VLM_TASK}"
+        )
+
+
+def _checkpoint_names(source: Path) -> set[str] | None:
+    index = source / "model.safetensors.index.json"
+    if index.is_file():
+        return set(json.loads(index.read_text())["weight_map"])
+    files = sorted(source.glob("*.safetensors"))
+    if not files:
+        return None
+    from safetensors import safe_open
+
+    names = set()
+    for file in files:
+        with safe_open(str(file), "pt") as handle:
+            names.update(handle.keys())
+    return names

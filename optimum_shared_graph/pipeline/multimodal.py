@@ -31,8 +31,22 @@ from ..errors import ModelNotSupportedError
 from ..registration import supported_model_types
 from ..tasks import BASE_TASK, TASK, VLM_TASK
 
-# How to get what was left out, for the manifest and the summary line.
-WHOLE_MODEL = f"optimum-cli export openvino --task {VLM_TASK}"
+
+
+def whole_model(model_type: str) -> str:
+    """How to get the whole multimodal model, left-out parts included (for the manifest, the summary line
+    and the errors): optimum-intel's own `image-text-to-text` export, with the transformers it needs."""
+    from .fallback import openvino_tasks
+    from .version_cap import exceeded_cap
+
+    if VLM_TASK not in openvino_tasks(model_type):
+        return f"optimum-intel's OpenVINO exporter has no export of the whole {model_type} model"
+    how = f"optimum-cli export openvino --task {VLM_TASK} exports the whole model"
+    capped = exceeded_cap(model_type, VLM_TASK)
+    if capped is not None:
+        cls, cap, installed = capped
+        how += f" under transformers<={cap} (optimum-intel's {cls.__name__} caps it; {installed} is installed)"
+    return how
 
 
 @dataclass
@@ -44,6 +58,7 @@ class LanguageModel:
     source_type: str  # the checkpoint's model type (`qwen3_5_moe`)
     source_architecture: str  # the checkpoint's class (`Qwen3_5MoeForConditionalGeneration`)
     left_out: list[str] = field(default_factory=list)  # the sub-configurations not exported (`vision_config`)
+    whole: str = ""  # how to get the whole model (`whole_model()`)
 
     def manifest_facts(self) -> dict:
         """What the manifest's `model` records (`model_type` / `architecture` stay the checkpoint's)."""
@@ -52,7 +67,7 @@ class LanguageModel:
             "architecture": self.source_architecture,
             "exported_model_type": self.config.model_type,
             "exported_architecture": self.architecture,
-            "left_out": {name: f"not exported: {WHOLE_MODEL} exports the whole model" for name in self.left_out},
+            "left_out": {name: f"not exported: {self.whole}" for name in self.left_out},
         }
 
 
@@ -91,7 +106,7 @@ def language_model(config) -> LanguageModel | None:
                else f"optimum-intel does not export it as {BASE_TASK}")
         raise ModelNotSupportedError(
             f"{architecture} ({source}) is a multimodal model whose language model ({text_type}) {TASK} cannot "
-            f"export: {why}; export the whole model with --task {VLM_TASK}"
+            f"export: {why}; {whole_model(source)}"
         )
     # transformers loads the text model from the multimodal checkpoint itself only where its causal LM
     # mapping sends the multimodal type to the text model's class ("VLM compatibility")
@@ -99,14 +114,14 @@ def language_model(config) -> LanguageModel | None:
         raise ModelNotSupportedError(
             f"{architecture} ({source}) is a multimodal model whose language model ({text_type}) transformers "
             f"does not load from this checkpoint on its own ({CAUSAL[text_type]} from a {source} checkpoint), so "
-            f"{TASK} cannot export it yet; export the whole model with --task {VLM_TASK}"
+            f"{TASK} cannot export it yet; {whole_model(source)}"
         )
     import copy
 
     text = copy.deepcopy(text)
     text.architectures = [CAUSAL[text_type]]
     return LanguageModel(config=text, architecture=CAUSAL[text_type], source_type=source,
-                         source_architecture=architecture, left_out=_sub_configs(config))
+                         source_architecture=architecture, left_out=_sub_configs(config), whole=whole_model(source))
 
 
 def plan(config) -> LanguageModel | None:
@@ -182,7 +197,7 @@ def check_weights(model: str, language: LanguageModel) -> None:
         raise ModelNotSupportedError(
             f"{language.source_architecture} ({language.source_type}): the checkpoint has no weights for "
             f"{len(missing)} of its language model's parameters ({', '.join(missing[:3])}, ...) under the names "
-            f"transformers loads them from; export the whole model with --task {VLM_TASK}"
+            f"transformers loads them from, so {TASK} cannot export it (nothing was written)"
         )
 
 

@@ -177,12 +177,26 @@ _ABSENT: dict[str, tuple[str, ...]] = {"qwen3_5_moe_text": ("intermediate_size",
 # vision configuration (one block; its output width is the text model's hidden size).
 # Qwen/Qwen3.5-27B (qwen3_5) and Qwen/Qwen3.5-35B-A3B (qwen3_5_moe): a 27-block vision transformer of width
 # 1152 (16 heads, MLP 4304), patches of 16, 2 x 2 spatial merge, 2 frames per temporal patch there.
+# `extra`: top-level keys of the released config; `tie`: its top-level tie_word_embeddings (what the multimodal
+# model ties its head by), else the text config's.
 MULTIMODAL: dict[str, dict[str, Any]] = {
     "qwen3_5": dict(text="qwen3_5_text", vision=dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2,
                                                      num_position_embeddings=64, out_hidden_size=64)),
     "qwen3_5_moe": dict(text="qwen3_5_moe_text", vision=dict(depth=1, hidden_size=32, intermediate_size=64,
                                                              num_heads=2, num_position_embeddings=64,
                                                              out_hidden_size=64)),
+    # google/gemma-3-4b-it: a SigLIP vision tower (27 layers of 1152, patches of 14 on 896 x 896 images, no head)
+    # pooled to 256 tokens per image; the head tied to the embeddings (Gemma3Config's default, not in the file)
+    "gemma3": dict(text="gemma3_text", vision=dict(model_type="siglip_vision_model", hidden_size=32,
+                                                   intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                                                   image_size=28, patch_size=14, vision_use_head=False),
+                   extra=dict(mm_tokens_per_image=4), tie=True),
+    # mistralai/Mistral-Small-3.1-24B-Instruct-2503: a Pixtral vision tower (24 layers of 1024, head_dim 64,
+    # patches of 14), 2 x 2 patch merge, a projector without bias; a mistral text model with its own head
+    "mistral3": dict(text="mistral", vision=dict(model_type="pixtral", hidden_size=32, intermediate_size=64,
+                                                 num_hidden_layers=1, num_attention_heads=2, head_dim=16,
+                                                 image_size=28, patch_size=14),
+                     extra=dict(spatial_merge_size=2, multimodal_projector_bias=False), tie=False),
 }
 
 # transformers 5.5 saves a Qwen3.5 vision tower as `model.language_model.visual.*` (its text model's weight
@@ -273,9 +287,12 @@ def tiny_multimodal_config(model_type: str, **text_overrides: Any):
     text = tiny_config(family["text"], **text_overrides).to_diff_dict()
     for key in ("model_type", "transformers_version", "architectures"):
         text.pop(key, None)
-    vision = dict(family["vision"], initializer_range=0.1, out_hidden_size=text["hidden_size"])
-    return AutoConfig.for_model(model_type, text_config=text, vision_config=vision,
-                                tie_word_embeddings=text.get("tie_word_embeddings", False))
+    vision = dict(family["vision"], initializer_range=0.1)
+    if "out_hidden_size" in vision:  # the vision tower's output is the text model's input width
+        vision["out_hidden_size"] = text["hidden_size"]
+    tie = family.get("tie", text.get("tie_word_embeddings", False))
+    return AutoConfig.for_model(model_type, text_config=text, vision_config=vision, tie_word_embeddings=tie,
+                                **family.get("extra", {}))
 
 
 def build_tiny_multimodal(model_type: str, out_dir: str | Path, *, seed: int = 0, tokenizer: bool = True,

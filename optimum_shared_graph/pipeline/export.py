@@ -106,7 +106,9 @@ def run_export(
             def hooks():
                 stack = contextlib.ExitStack()
                 stack.enter_context(convert.one_model_load(export.on_model, load_error=export.load_error,
-                                                           before_save=export.before_save))
+                                                           before_save=export.before_save,
+                                                           load_kwargs=language.load_kwargs if language else None))
+                stack.enter_context(multimodal.left_out_unreported(language))
                 stack.enter_context(both_stage_quantization(opts.calibration_decode_steps, calibration, static=static_plan))
                 return stack
 

@@ -21,8 +21,10 @@ before any work (`check_weights`).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,6 +33,15 @@ from ..errors import ModelNotSupportedError
 from ..registration import supported_model_types
 from ..tasks import BASE_TASK, TASK, VLM_TASK
 
+
+# Multimodal types whose language model transformers does not load from their checkpoint on its own, and the
+# renaming of the checkpoint's weight names that loads it (`from_pretrained(key_mapping=...)`): the LLaVA layout,
+# `model.language_model.*` as transformers 5 saves it and `language_model.model.*` / `language_model.lm_head.*` as
+# checkpoints saved by transformers 4 are named, the head `lm_head.*`. `check_weights` confirms the names before
+# any work. (llava itself shares the layout; it keeps optimum-intel's image-text-to-text fallback for now.)
+LLAVA_LAYOUT = {r"^model\.language_model\.": "model.", r"^language_model\.model\.": "model.",
+                r"^language_model\.lm_head\.": "lm_head."}
+KEY_MAPPINGS: dict[str, dict[str, str]] = {"gemma3": LLAVA_LAYOUT, "mistral3": LLAVA_LAYOUT}
 
 
 def whole_model(model_type: str) -> str:
@@ -59,6 +70,13 @@ class LanguageModel:
     source_architecture: str  # the checkpoint's class (`Qwen3_5MoeForConditionalGeneration`)
     left_out: list[str] = field(default_factory=list)  # the sub-configurations not exported (`vision_config`)
     whole: str = ""  # how to get the whole model (`whole_model()`)
+    key_mapping: dict[str, str] | None = None  # checkpoint weight names -> the text model's (None: transformers' own)
+    ignored: list[str] = field(default_factory=list)  # patterns of the left-out parts' weights (`check_weights`)
+
+    @property
+    def load_kwargs(self) -> dict:
+        """What optimum-intel's `from_pretrained` of the text view gets besides its own arguments."""
+        return {"key_mapping": self.key_mapping} if self.key_mapping else {}
 
     def manifest_facts(self) -> dict:
         """What the manifest's `model` records (`model_type` / `architecture` stay the checkpoint's)."""
@@ -108,9 +126,9 @@ def language_model(config) -> LanguageModel | None:
             f"{architecture} ({source}) is a multimodal model whose language model ({text_type}) {TASK} cannot "
             f"export: {why}; {whole_model(source)}"
         )
-    # transformers loads the text model from the multimodal checkpoint itself only where its causal LM
-    # mapping sends the multimodal type to the text model's class ("VLM compatibility")
-    if CAUSAL.get(source) != CAUSAL[text_type]:
+    # transformers loads the text model from the multimodal checkpoint itself where its causal LM mapping sends
+    # the multimodal type to the text model's class ("VLM compatibility"); KEY_MAPPINGS renames the others' weights
+    if CAUSAL.get(source) != CAUSAL[text_type] and source not in KEY_MAPPINGS:
         raise ModelNotSupportedError(
             f"{architecture} ({source}) is a multimodal model whose language model ({text_type}) transformers "
             f"does not load from this checkpoint on its own ({CAUSAL[text_type]} from a {source} checkpoint), so "
@@ -120,8 +138,12 @@ def language_model(config) -> LanguageModel | None:
 
     text = copy.deepcopy(text)
     text.architectures = [CAUSAL[text_type]]
+    # the multimodal model ties its head to the embeddings as its own config says (transformers' `tie_weights`
+    # reads the top-level `tie_word_embeddings`), whatever the text config says: that is the model
+    text.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", False))
     return LanguageModel(config=text, architecture=CAUSAL[text_type], source_type=source,
-                         source_architecture=architecture, left_out=_sub_configs(config), whole=whole_model(source))
+                         source_architecture=architecture, left_out=_sub_configs(config), whole=whole_model(source),
+                         key_mapping=None if CAUSAL.get(source) == CAUSAL[text_type] else KEY_MAPPINGS[source])
 
 
 def plan(config) -> LanguageModel | None:
@@ -186,11 +208,12 @@ def check_weights(model: str, language: LanguageModel) -> None:
     with torch.device("meta"):
         text_model = AutoModelForCausalLM.from_config(language.config)
     expected = text_model.state_dict()
-    transforms = get_model_conversion_mapping(text_model)
+    transforms = get_model_conversion_mapping(text_model, language.key_mapping)
     renamings = [t for t in transforms if isinstance(t, WeightRenaming)]
     converters = [t for t in transforms if isinstance(t, WeightConverter)]
-    found = {rename_source_key(name, renamings, converters, prefix=text_model.base_model_prefix,
-                               meta_state_dict=expected)[0] for name in names}
+    renamed = {name: rename_source_key(name, renamings, converters, prefix=text_model.base_model_prefix,
+                                       meta_state_dict=expected)[0] for name in names}
+    found = set(renamed.values())
     tied = set(getattr(text_model, "_tied_weights_keys", None) or {}) if language.config.tie_word_embeddings else set()
     missing = sorted(k for k in expected if k not in found and k not in tied)
     if missing:
@@ -199,6 +222,34 @@ def check_weights(model: str, language: LanguageModel) -> None:
             f"{len(missing)} of its language model's parameters ({', '.join(missing[:3])}, ...) under the names "
             f"transformers loads them from, so {TASK} cannot export it (nothing was written)"
         )
+    # the left-out parts' weights, by their two leading name components (`model.vision_tower`, `model.visual`)
+    unused = {".".join(name.split(".")[:2]) for name, new in renamed.items() if new not in expected}
+    language.ignored = sorted("^" + re.escape(prefix) + r"(\.|$)" for prefix in unused)
+
+
+@contextlib.contextmanager
+def left_out_unreported(language: LanguageModel | None):
+    """While active, transformers' load of the language model does not list the left-out parts' weights as
+    unexpected (hundreds of lines for a real vision tower): the summary line says they were left out."""
+    if language is None or not language.ignored:
+        yield
+        return
+    import transformers
+
+    cls = getattr(transformers, language.architecture)
+    saved = cls.__dict__.get("_keys_to_ignore_on_load_unexpected", _UNSET)
+    cls._keys_to_ignore_on_load_unexpected = list(getattr(cls, "_keys_to_ignore_on_load_unexpected", None) or []) + \
+        language.ignored
+    try:
+        yield
+    finally:
+        if saved is _UNSET:
+            del cls._keys_to_ignore_on_load_unexpected
+        else:
+            cls._keys_to_ignore_on_load_unexpected = saved
+
+
+_UNSET = object()
 
 
 def _checkpoint_names(source: Path) -> set[str] | None:

@@ -497,7 +497,7 @@ def splice_multimodal(page: str, section: list[str]) -> str:
     start = page.find(MULTIMODAL_HEADING)
     if start >= 0:
         end = page.find("\n## ", start + len(MULTIMODAL_HEADING))
-        return page[:start] + text + (page[end + 1:] if end >= 0 else "")
+        return page[:start] + text + ("\n" + page[end + 1:] if end >= 0 else "")
     anchor = page.find("## Choosing the transformers range")
     if anchor < 0:
         return page.rstrip("\n") + "\n\n" + text

@@ -116,5 +116,7 @@ def test_multimodal_rows_have_their_own_section_and_update_only_it():
     assert after[0] == before[0]  # the other rows as they were
     assert after[1][after[1].index("## Choosing"):] == before[1][before[1].index("## Choosing"):]
     assert "| qwen3_5_moe | - | refused |" in updated and "**0 of 1 published" in updated
+    assert updated.count("\n\n## Choosing the transformers range") == 1
+    assert cov.splice_multimodal(updated, cov.render_multimodal([refused], versions={"transformers": "y"})) == updated
     without = page.replace(page[page.index(cov.MULTIMODAL_HEADING):page.index("## Choosing")], "")
     assert cov.splice_multimodal(without, cov.render_multimodal([refused], versions={})).count(cov.MULTIMODAL_HEADING) == 1

@@ -13,8 +13,10 @@ The language model is loaded by transformers itself, once, from the checkpoint's
 `config.get_text_config()` returns, the text model type, e.g. `qwen3_5_moe_text`) and whose other files
 are links to the checkpoint's, so optimum-intel's export loads it with `from_pretrained` like any causal
 LM directory. transformers maps the checkpoint's weight names onto the text model
-(`model.language_model.*` to `model.*`: its own checkpoint conversion for the type) and skips the vision
-weights without reading them, so only the language model's weights are ever in memory. A checkpoint whose
+(`model.language_model.*` to `model.*`: its own checkpoint conversion for Qwen3.5; for Gemma 3 and Mistral 3,
+whose language model it does not load from their checkpoints on its own, with the `key_mapping` of
+`KEY_MAPPINGS`) and skips the vision weights without reading them (nor listing them as unexpected:
+`left_out_unreported`), so only the language model's weights are ever in memory. A checkpoint whose
 weight names the text model would not find (some of its weights would be left random) is refused
 before any work (`check_weights`).
 """

@@ -219,7 +219,12 @@ class Manifest:
         head = f"text-generation-shared: wrote {where} ({self.partitioning}"
         if self.fallback_reason:
             head += f": {self.fallback_reason}"
-        return f"{head}; {self.shape_mode}, logits={self.logits}, stateful={self.stateful}); validation: {check}"
+        line = f"{head}; {self.shape_mode}, logits={self.logits}, stateful={self.stateful}); validation: {check}"
+        left_out = (self.model or {}).get("left_out")
+        if left_out:  # a multimodal checkpoint's language model (pipeline/multimodal.py)
+            line += (f"; the language model only ({self.model.get('exported_model_type')}): "
+                     f"{', '.join(left_out)} left out, {next(iter(left_out.values())).split(': ', 1)[1]}")
+        return line
 
 
 def build_manifest(

@@ -168,6 +168,43 @@ _OVERRIDES: dict[str, dict[str, Any]] = {
 }
 
 
+# Keys a released configuration does not have, dropped from the tiny one (the `_TINY` sizes give every type an
+# intermediate_size): Qwen3_5MoeTextConfig defines none, and Qwen/Qwen3.5-35B-A3B's text_config has none.
+_ABSENT: dict[str, tuple[str, ...]] = {"qwen3_5_moe_text": ("intermediate_size",)}
+
+# Families published as multimodal checkpoints only (a `*ForConditionalGeneration`, the language model's
+# configuration under `text_config`, a `vision_config` beside it): model type -> its text model type and a tiny
+# vision configuration (one block; its output width is the text model's hidden size).
+# Qwen/Qwen3.5-27B (qwen3_5) and Qwen/Qwen3.5-35B-A3B (qwen3_5_moe): a 27-block vision transformer of width
+# 1152 (16 heads, MLP 4304), patches of 16, 2 x 2 spatial merge, 2 frames per temporal patch there.
+# `extra`: top-level keys of the released config; `tie`: its top-level tie_word_embeddings (what the multimodal
+# model ties its head by), else the text config's.
+MULTIMODAL: dict[str, dict[str, Any]] = {
+    "qwen3_5": dict(text="qwen3_5_text", vision=dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2,
+                                                     num_position_embeddings=64, out_hidden_size=64)),
+    "qwen3_5_moe": dict(text="qwen3_5_moe_text", vision=dict(depth=1, hidden_size=32, intermediate_size=64,
+                                                             num_heads=2, num_position_embeddings=64,
+                                                             out_hidden_size=64)),
+    # google/gemma-3-4b-it: a SigLIP vision tower (27 layers of 1152, patches of 14 on 896 x 896 images, no head)
+    # pooled to 256 tokens per image; the head tied to the embeddings (Gemma3Config's default, not in the file)
+    "gemma3": dict(text="gemma3_text", vision=dict(model_type="siglip_vision_model", hidden_size=32,
+                                                   intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                                                   image_size=28, patch_size=14, vision_use_head=False),
+                   extra=dict(mm_tokens_per_image=4), tie=True),
+    # mistralai/Mistral-Small-3.1-24B-Instruct-2503: a Pixtral vision tower (24 layers of 1024, head_dim 64,
+    # patches of 14), 2 x 2 patch merge, a projector without bias; a mistral text model with its own head
+    "mistral3": dict(text="mistral", vision=dict(model_type="pixtral", hidden_size=32, intermediate_size=64,
+                                                 num_hidden_layers=1, num_attention_heads=2, head_dim=16,
+                                                 image_size=28, patch_size=14),
+                     extra=dict(spatial_merge_size=2, multimodal_projector_bias=False), tie=False),
+}
+
+# transformers 5.5 saves a Qwen3.5 vision tower as `model.language_model.visual.*` (its text model's weight
+# renaming applied in reverse); the published checkpoints name it `model.visual.*`, which 5.5 loads the same.
+_PUBLISHED_NAMES = {"qwen3_5": [("model.language_model.visual.", "model.visual.")],
+                    "qwen3_5_moe": [("model.language_model.visual.", "model.visual.")]}
+
+
 def build_tokenizer(out_dir: str | Path) -> Any:
     """Train a small byte-level BPE tokenizer locally and save it as a `PreTrainedTokenizerFast`."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -209,6 +246,8 @@ def tiny_config(model_type: str, **overrides: Any):
     if isinstance(getattr(CONFIG_MAPPING[model_type], "head_dim", None), property):
         del kwargs["head_dim"]  # computed by the config (falcon, ...), not settable
     kwargs.update(_OVERRIDES.get(model_type, {}))
+    for key in _ABSENT.get(model_type, ()):
+        kwargs.pop(key, None)
     kwargs.update(overrides)
     if "hidden_size" in overrides and "head_dim" in kwargs and "head_dim" not in overrides:
         # a wider model keeps hidden = heads x head_dim (what quantization group sizes expect)
@@ -234,6 +273,52 @@ def build_tiny_model(model_type: str, out_dir: str | Path, *, seed: int = 0, tok
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
     model.generation_config = GenerationConfig(bos_token_id=1, eos_token_id=2, pad_token_id=0)
     model.save_pretrained(str(out_dir))
+    if tokenizer:
+        build_tokenizer(out_dir)
+    return model
+
+
+def tiny_multimodal_config(model_type: str, **text_overrides: Any):
+    """A tiny configuration of a multimodal model type of `MULTIMODAL`: the tiny text config of its text model
+    type under `text_config` (with only the keys its released configuration has), a one-block vision config."""
+    from transformers import AutoConfig
+
+    family = MULTIMODAL[model_type]
+    text = tiny_config(family["text"], **text_overrides).to_diff_dict()
+    for key in ("model_type", "transformers_version", "architectures"):
+        text.pop(key, None)
+    vision = dict(family["vision"], initializer_range=0.1)
+    if "out_hidden_size" in vision:  # the vision tower's output is the text model's input width
+        vision["out_hidden_size"] = text["hidden_size"]
+    tie = family.get("tie", text.get("tie_word_embeddings", False))
+    return AutoConfig.for_model(model_type, text_config=text, vision_config=vision, tie_word_embeddings=tie,
+                                **family.get("extra", {}))
+
+
+def build_tiny_multimodal(model_type: str, out_dir: str | Path, *, seed: int = 0, tokenizer: bool = True,
+                          **text_overrides: Any):
+    """Build, save and return a tiny random-init multimodal model of `model_type` laid out like its published
+    checkpoint (`AutoModelForImageTextToText`, weights under the published names), with a tokenizer beside it."""
+    import torch
+    from transformers import AutoModelForImageTextToText, GenerationConfig
+
+    config = tiny_multimodal_config(model_type, **text_overrides)
+    torch.manual_seed(seed)
+    model = AutoModelForImageTextToText.from_config(config, dtype=torch.float32).eval()
+    model.generation_config = GenerationConfig(bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    model.save_pretrained(str(out_dir))
+    renames = _PUBLISHED_NAMES.get(model_type)
+    if renames:
+        from safetensors.torch import load_file, save_file
+
+        for weights in Path(out_dir).glob("*.safetensors"):
+            tensors = load_file(str(weights))
+            renamed = {}
+            for name, tensor in tensors.items():
+                for old, new in renames:
+                    name = name.replace(old, new, 1) if name.startswith(old) else name
+                renamed[name] = tensor
+            save_file(renamed, str(weights), metadata={"format": "pt"})
     if tokenizer:
         build_tokenizer(out_dir)
     return model

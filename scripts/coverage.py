@@ -2,7 +2,9 @@
 
 For every model type optimum-intel exports as `text-generation-with-past`
 (`optimum_shared_graph.supported_model_types()`) that transformers can build from a configuration,
-this builds a tiny decisive random-init model (`optimum_shared_graph.testing`), exports it with
+and every multimodal model type published as a `*ForConditionalGeneration` only (`testing.MULTIMODAL`, exported as
+its language model, in a section of its own), this builds a tiny decisive random-init model
+(`optimum_shared_graph.testing`), exports it with
 `optimum-cli export openvino --task text-generation-shared` (dynamic, and static with C = 1 when
 the installed version has `--shape-mode static`), and checks greedy generation against PyTorch
 through `OVModelForCausalLM` and OpenVINO GenAI's `LLMPipeline`.
@@ -15,6 +17,7 @@ Usage (from the repository root):
     PYTHONPATH=. python scripts/coverage.py                      # every type -> docs/architectures.md
     PYTHONPATH=. python scripts/coverage.py --types llama gemma2 --output /tmp/cov.md
     PYTHONPATH=. /tmp/venv457/bin/python scripts/coverage.py --output /tmp/cov-457.md
+    PYTHONPATH=. python scripts/coverage.py --update-multimodal   # only the multimodal section of docs/architectures.md
 
 `--jobs` runs that many model types at once (default 2), `--timeout` bounds each one (seconds),
 `--no-static` skips the static export (for quick comparisons, e.g. between transformers versions).
@@ -150,14 +153,16 @@ def _compare(name: str, ref, scores, ours, prompt_len: int) -> str | None:
     return f"{name}: token {step} differs (PyTorch {ref_new[step]}, OpenVINO {ours_new[step] if step < len(ours_new) else '-'}); {_near_tie(scores, step)}"
 
 
-def _check_runtimes(model_dir: Path, out: Path, result: dict) -> list:
-    """Greedy parity of the dynamic artifact through OVModelForCausalLM and GenAI; returns PyTorch's references."""
+def _check_runtimes(model_dir: Path, out: Path, result: dict, *, multimodal: bool = False) -> list:
+    """Greedy parity of the dynamic artifact through OVModelForCausalLM and GenAI; returns PyTorch's references
+    (for a multimodal checkpoint, its own `generate()` on the text prompts)."""
     import torch
     from optimum.intel import OVModelForCausalLM
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText, AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(model_dir)
-    pt = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    auto = AutoModelForImageTextToText if multimodal else AutoModelForCausalLM
+    pt = auto.from_pretrained(model_dir, dtype=torch.float32).eval()
     refs = []
     with torch.no_grad():
         for prompt in PROMPTS:
@@ -273,15 +278,16 @@ def run_one(model_type: str, workdir: Path, *, static: bool = True, npu: bool = 
 
     result: dict = {"model_type": model_type, "transformers": transformers.__version__}
     started = time.monotonic()
-    from optimum_shared_graph.testing import build_tiny_model, buildable_reason
+    from optimum_shared_graph.testing import MULTIMODAL, build_tiny_model, build_tiny_multimodal, buildable_reason
 
-    why = buildable_reason(model_type)
+    multimodal = model_type in MULTIMODAL
+    why = None if multimodal else buildable_reason(model_type)
     if why:
         result.update(status=NOT_BUILDABLE, reason=why)
         return result
     model_dir = workdir / "model"
     try:
-        build_tiny_model(model_type, model_dir)
+        (build_tiny_multimodal if multimodal else build_tiny_model)(model_type, model_dir)
     except Exception as err:  # noqa: BLE001
         result.update(status=NOT_BUILDABLE, reason=f"tiny model build failed: {type(err).__name__}: {_first_line(err)}")
         return result
@@ -312,8 +318,10 @@ def run_one(model_type: str, workdir: Path, *, static: bool = True, npu: bool = 
     result["states"] = manifest.get("graph", {}).get("states")
     result["fixes"] = [f["fix"] for f in manifest.get("model", {}).get("fixes", [])]
     result["inputs"] = [i["name"] for i in manifest.get("graph", {}).get("inputs", [])]
+    result["exported_model_type"] = manifest.get("model", {}).get("exported_model_type")
+    result["left_out"] = sorted(manifest.get("model", {}).get("left_out") or {})
     t0 = time.monotonic()
-    refs = _check_runtimes(model_dir, out, result)
+    refs = _check_runtimes(model_dir, out, result, multimodal=multimodal)
     result["runtimes_seconds"] = round(time.monotonic() - t0, 1)
     t0 = time.monotonic()
     result["npu"] = _npu(model_dir, workdir, out, refs) if npu else "not run (--no-npu)"
@@ -377,9 +385,9 @@ def _static(model_dir: Path, workdir: Path, refs: list) -> str:
 def _run_subprocess(model_type: str, timeout: int, python: str, static: bool, npu: bool) -> dict:
     import transformers
 
-    from optimum_shared_graph.testing import buildable_reason
+    from optimum_shared_graph.testing import MULTIMODAL, buildable_reason
 
-    why = buildable_reason(model_type)
+    why = None if model_type in MULTIMODAL else buildable_reason(model_type)
     if why:  # no subprocess needed to say so
         return {"model_type": model_type, "transformers": transformers.__version__, "status": NOT_BUILDABLE, "reason": why}
     with tempfile.TemporaryDirectory(prefix=f"osg-cov-{model_type}-") as tmp:
@@ -430,8 +438,76 @@ def _comparison(results: list[dict], others: list[list[dict]]) -> list[str]:
     return lines
 
 
+MULTIMODAL_HEADING = "## Multimodal checkpoints"
+
+
+def _is_multimodal(result: dict) -> bool:
+    from optimum_shared_graph.testing import MULTIMODAL
+
+    return result["model_type"] in MULTIMODAL
+
+
+def _row(r: dict, *, exported_as: bool = False) -> str:
+    val = r.get("validation") or {}
+    if r["status"] in (PASS, PARTIAL):
+        export = f"{val.get('status')}, max diff {max(val.get('max_abs_diff_prefill') or 0, val.get('max_abs_diff_decode') or 0):.1e}"
+    else:
+        export = "-"
+    note = r.get("reason") or ""
+    if r.get("version_cap"):
+        note = (note + "; " if note else "") + r["version_cap"]
+    for fix in r.get("fixes") or []:
+        note = (note + "; " if note else "") + f"with this package's fix `{fix.replace('.', '/')}.py`"
+    if r.get("left_out"):
+        note = (note + "; " if note else "") + f"left out: {', '.join(r['left_out'])}"
+    exported = f" {_cell(r.get('exported_model_type') or '-')} |" if exported_as else ""
+    return (f"| {r['model_type']} |{exported} {r['status']} | {export} | {_cell(r.get('ovmodel', '-'))} | "
+            f"{_cell(r.get('genai', '-'))} | {_cell(r.get('static', '-'))} | {_cell(r.get('npu', '-'))} | {_cell(note)} |")
+
+
+def render_multimodal(results: list[dict], *, versions: dict) -> list[str]:
+    """The multimodal checkpoints' section: one row per published multimodal model type run."""
+    rows = sorted((r for r in results if _is_multimodal(r)), key=lambda r: r["model_type"])
+    if not rows:
+        return []
+    passed = sum(r["status"] == PASS for r in rows)
+    return [
+        MULTIMODAL_HEADING, "",
+        "Families published as multimodal checkpoints only (a `*ForConditionalGeneration`, the language model's",
+        "configuration under `text_config`, a `vision_config` beside it) are exported as their language model, the",
+        "vision part left out ([Multimodal checkpoints](multimodal.md)). Each tiny checkpoint is laid out like the",
+        "published one (`optimum_shared_graph.testing.MULTIMODAL`: the released configuration's keys, a one-block",
+        "vision tower) and gets the checks above, against the multimodal model's own `generate()` on the text prompts.",
+        f"Run: transformers {versions.get('transformers')}, optimum-intel {versions.get('optimum-intel')}, "
+        f"openvino {versions.get('openvino')}, openvino-genai {versions.get('openvino-genai')}.",
+        "",
+        f"**{passed} of {len(rows)} published multimodal model types exported as one graph with parity.**",
+        "",
+        "| model type | exported as | status | export | OVModelForCausalLM | GenAI | static | NPU pipeline | reason / note |",
+        "|---|---|---|---|---|---|---|---|---|",
+        *(_row(r, exported_as=True) for r in rows),
+        "",
+    ]
+
+
+def splice_multimodal(page: str, section: list[str]) -> str:
+    """`page` (an earlier full run's) with its multimodal section replaced by `section` (inserted before the
+    transformers range section when it had none): the rows of the other model types are kept as that run wrote them."""
+    text = "\n".join(section)
+    start = page.find(MULTIMODAL_HEADING)
+    if start >= 0:
+        end = page.find("\n## ", start + len(MULTIMODAL_HEADING))
+        return page[:start] + text + ("\n" + page[end + 1:] if end >= 0 else "")
+    anchor = page.find("## Choosing the transformers range")
+    if anchor < 0:
+        return page.rstrip("\n") + "\n\n" + text
+    return page[:anchor] + text + "\n" + page[anchor:]
+
+
 def render(results: list[dict], *, seconds: float, versions: dict, python: str,
            compare: list[list[dict]] | None = None) -> str:
+    multimodal = render_multimodal(results, versions=versions)
+    results = [r for r in results if not _is_multimodal(r)]
     order = {PASS: 0, PARTIAL: 1, REFUSED: 2, NOT_BUILDABLE: 3}
     rows = sorted(results, key=lambda r: (order.get(r["status"], 9), r["model_type"]))
     counts = {s: sum(r["status"] == s for r in results) for s in order}
@@ -498,19 +574,9 @@ def render(results: list[dict], *, seconds: float, versions: dict, python: str,
         lines += ["", f"With state other than a KV cache (convolution and SSM states) in the one stateful graph: {', '.join(ssm)}."]
     lines += ["", "| model type | status | export | OVModelForCausalLM | GenAI | static | NPU pipeline | reason / note |",
               "|---|---|---|---|---|---|---|---|"]
-    for r in rows:
-        val = r.get("validation") or {}
-        if r["status"] in (PASS, PARTIAL):
-            export = f"{val.get('status')}, max diff {max(val.get('max_abs_diff_prefill') or 0, val.get('max_abs_diff_decode') or 0):.1e}"
-        else:
-            export = "-"
-        note = r.get("reason") or ""
-        if r.get("version_cap"):
-            note = (note + "; " if note else "") + r["version_cap"]
-        for fix in r.get("fixes") or []:
-            note = (note + "; " if note else "") + f"with this package's fix `{fix.replace('.', '/')}.py`"
-        lines.append(f"| {r['model_type']} | {r['status']} | {export} | {_cell(r.get('ovmodel', '-'))} | "
-                     f"{_cell(r.get('genai', '-'))} | {_cell(r.get('static', '-'))} | {_cell(r.get('npu', '-'))} | {_cell(note)} |")
+    lines += [_row(r) for r in rows]
+    if multimodal:
+        lines += [""] + multimodal[:-1]
     if compare:
         lines += _comparison(results, compare)
     lines.append("")
@@ -545,6 +611,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--compare", nargs="*", default=[],
                         help="results JSON of sweeps under other transformers versions, for the range section")
     parser.add_argument("--update", help="results JSON of an earlier run: rerun only --types, keep its other rows")
+    parser.add_argument("--update-multimodal", action="store_true",
+                        help="run only the published multimodal model types (default: all of them; --types to choose) "
+                             "and replace the multimodal section of the page at --output, keeping its other rows")
     parser.add_argument("--render-only", help="render the table from this results JSON instead of running")
     parser.add_argument("--no-static", dest="static", action="store_false", help="skip the static export")
     parser.add_argument("--no-npu", dest="npu", action="store_false",
@@ -571,7 +640,9 @@ def main(argv: list[str] | None = None) -> int:
             data = {"results": data}
         results, seconds, versions = data["results"], data.get("seconds", 0.0), data.get("versions") or _versions()
     else:
-        types = args.types or supported_model_types()
+        from optimum_shared_graph.testing import MULTIMODAL
+
+        types = args.types or (sorted(MULTIMODAL) if args.update_multimodal else supported_model_types() + sorted(MULTIMODAL))
         t0 = time.monotonic()
         results = []
         with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
@@ -588,8 +659,12 @@ def main(argv: list[str] | None = None) -> int:
             seconds += earlier.get("seconds", 0.0)
     compare = [c["results"] if isinstance(c, dict) else c for c in compare]
     Path(args.output).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.output).write_text(render(results, seconds=seconds, versions=versions, python=sys.executable,
-                                        compare=compare))
+    if args.update_multimodal:  # the page's other rows are an earlier full run's
+        page = Path(args.output).read_text()
+        Path(args.output).write_text(splice_multimodal(page, render_multimodal(results, versions=versions)))
+    else:
+        Path(args.output).write_text(render(results, seconds=seconds, versions=versions, python=sys.executable,
+                                            compare=compare))
     if args.results:
         Path(args.results).write_text(json.dumps({"seconds": seconds, "versions": _versions(), "results": results},
                                                  indent=1, default=str))

@@ -92,3 +92,31 @@ def test_buildable_reason():
 
     assert buildable_reason("llama") is None
     assert "configuration class" in buildable_reason("chatglm")
+
+
+def test_multimodal_rows_have_their_own_section_and_update_only_it():
+    """A published multimodal type's row goes to its own section (with the text model type it was exported as),
+    not into the counts of optimum-intel's with-past types; `--update-multimodal` replaces only that section."""
+    cov = _coverage_module()
+    passed = {"status": cov.PASS, "validation": {"status": "passed", "max_abs_diff_prefill": 1e-6,
+                                                 "max_abs_diff_decode": 2e-6},
+              "ovmodel": "parity", "genai": "parity", "static": "parity", "npu": "parity"}
+    results = [dict(passed, model_type="llama"),
+               dict(passed, model_type="qwen3_5_moe", exported_model_type="qwen3_5_moe_text", left_out=["vision_config"])]
+    page = cov.render(results, seconds=60, versions={"transformers": "x"}, python=sys.executable,
+                      compare=[[dict(passed, model_type="llama")]])
+    assert "**1 model types exported as one graph with parity**" in page
+    assert "**1 of 1 published multimodal model types exported as one graph with parity.**" in page
+    assert "| qwen3_5_moe | qwen3_5_moe_text | exported, parity |" in page and "left out: vision_config" in page
+    assert page.index(cov.MULTIMODAL_HEADING) < page.index("## Choosing the transformers range")
+
+    refused = {"model_type": "qwen3_5_moe", "status": cov.REFUSED, "reason": "it broke"}
+    updated = cov.splice_multimodal(page, cov.render_multimodal([refused], versions={"transformers": "y"}))
+    before, after = page.split(cov.MULTIMODAL_HEADING), updated.split(cov.MULTIMODAL_HEADING)
+    assert after[0] == before[0]  # the other rows as they were
+    assert after[1][after[1].index("## Choosing"):] == before[1][before[1].index("## Choosing"):]
+    assert "| qwen3_5_moe | - | refused |" in updated and "**0 of 1 published" in updated
+    assert updated.count("\n\n## Choosing the transformers range") == 1
+    assert cov.splice_multimodal(updated, cov.render_multimodal([refused], versions={"transformers": "y"})) == updated
+    without = page.replace(page[page.index(cov.MULTIMODAL_HEADING):page.index("## Choosing")], "")
+    assert cov.splice_multimodal(without, cov.render_multimodal([refused], versions={})).count(cov.MULTIMODAL_HEADING) == 1

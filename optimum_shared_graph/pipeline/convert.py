@@ -148,7 +148,7 @@ class InnerModelExport(Exception):
 
 
 @contextlib.contextmanager
-def one_model_load(on_model, *, load_error, before_save=None):
+def one_model_load(on_model, *, load_error, before_save=None, load_kwargs=None):
     """While active, the model optimum-intel's export loads goes to `on_model(model, convert, output)` first.
 
     `output` is the directory optimum-intel writes into (with a quantization flag, its command exports into a
@@ -157,7 +157,8 @@ def one_model_load(on_model, *, load_error, before_save=None):
     the static trace) ran on the same model. So one PyTorch model serves the capture, the conversion and
     the validation reference, in the dtype optimum-intel picks. A failure of optimum-intel's loader is
     `load_error(err)`. `before_save(ov_model)` transforms each graph optimum-intel is about to save (the logits
-    slice), so it writes the final graph once.
+    slice), so it writes the final graph once. `load_kwargs` go to the loader's `from_pretrained` (a multimodal
+    checkpoint's weight renaming, `multimodal.py`).
     """
     import optimum.exporters.openvino.convert as ov_convert
     from optimum.exporters.tasks import TasksManager
@@ -177,7 +178,7 @@ def one_model_load(on_model, *, load_error, before_save=None):
 
     def get_model_from_task(*args, **kwargs):
         try:
-            return original_load.__func__(*args, **kwargs)
+            return original_load.__func__(*args, **kwargs, **(load_kwargs or {}))
         except Exception as err:
             raise load_error(err) from err
 

@@ -2,15 +2,17 @@
 
 `run_export()` is shared by the CLI and the Python API. It runs, in order:
 
-1. load (`load.py`): check the output directory and the model's config, before any work, and whether the
-   validation fits in the memory available (`memory.py`: it chooses how many calls are captured);
+1. load (`load.py`): check the output directory and the model's config, before any work; for a multimodal
+   checkpoint (`multimodal.py`), its language model is what the next stages export, with its own config;
+   whether the validation fits in the memory available (`memory.py`: it chooses how many calls are captured);
 2. decompose (`decompose.py`): record the prefill and decode calls `generate()` makes, and check that
    one graph can serve both (or find the reason it cannot: then the fallback, `fallback.py`);
 3. convert (`convert.py`): optimum-intel's own export into a staging directory, with the both-stage
    calibration hooks of `quantization/` when a data-aware quantization is asked for;
 4. static trace (`static.py`, `--shape-mode static` only): the static graph replaces optimum-intel's;
 5. validate (`validate.py`): the graph against the captured calls;
-6. write (`write.py`): the manifest, the rt_info, the file hashes; the artifact moved into place.
+6. write (`write.py`): the manifest, the rt_info, the file hashes; the artifact moved into place, its
+   `config.json` completed with what OpenVINO consumers read and the model's config lacks (`consumer_config.py`).
 
 The model is loaded once, by optimum-intel's export in stage 3, in the dtype optimum-intel picks: it
 hands the model over (`convert.one_model_load`) and stages 2 and 4 run on it before and after its
@@ -34,7 +36,7 @@ from ..quantization.calibration import CalibrationReport, is_data_aware
 from ..quantization.static import check_static_quantization, plan_static_quantization
 from ..registration import register_tasks, supported_model_types
 from ..tasks import BASE_TASK
-from . import convert, fallback, load, memory, write
+from . import consumer_config, convert, fallback, load, memory, multimodal, write
 from .decompose import decompose_model, release_pytorch, save_exported_model
 
 # optimum-intel's export of a model path into a directory (the CLI passes optimum-intel's own command,
@@ -71,6 +73,11 @@ def run_export(
         output = Path(output_dir).absolute()
         load.check_output(output)
         config = load.load_config(model, opts)
+        # a multimodal checkpoint (Qwen3.5): its language model is what gets exported, with its own config
+        language = multimodal.plan(config)
+        if language is not None:
+            multimodal.check_weights(model, language)
+            config = language.config
         static, static_plan = None, None
         if opts.is_static:
             from .static import resolve_static_shapes
@@ -101,11 +108,15 @@ def run_export(
             def hooks():
                 stack = contextlib.ExitStack()
                 stack.enter_context(convert.one_model_load(export.on_model, load_error=export.load_error,
-                                                           before_save=export.before_save))
+                                                           before_save=export.before_save,
+                                                           load_kwargs=language.load_kwargs if language else None))
+                stack.enter_context(multimodal.left_out_unreported(language))
                 stack.enter_context(both_stage_quantization(opts.calibration_decode_steps, calibration, static=static_plan))
                 return stack
 
             source, exported_type = model, config.model_type
+            if language is not None:  # transformers loads the language model alone from the checkpoint's files
+                source = str(multimodal.text_view(model, language, staging / "text"))
             if export.reason is None and config.model_type not in supported_model_types():
                 # a remote-code wrapper of a type optimum-intel does not export: loaded here, once, to find the
                 # inner causal LM its generate() drives, which is saved and exported instead (the wrapper freed)
@@ -130,10 +141,16 @@ def run_export(
 
                 finish_static_graph(raw, static_plan, opts)
 
+            # what OpenVINO consumers' loaders read from config.json and the model's config lacks
+            extra = {"config_added": added} if (added := consumer_config.complete(raw)) else {}
+            if language is not None:
+                extra.update(language.manifest_facts())
+
             # 5. validate and 6. write
             try:
                 manifest = write.finish(raw, staging / "final", config, export.capture, export.reason, opts, model,
-                                        quantization, calibration, fix=fix)
+                                        quantization, calibration, fix=fix,
+                                        model_extra=extra)
             except ExportValidationError as err:
                 if lifted is not None:
                     raise ExportValidationError(f"{err}; {lifted.refusal}", report=err.report) from err

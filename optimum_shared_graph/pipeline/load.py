@@ -14,7 +14,7 @@ from ..manifest import MANIFEST_NAME
 from ..options import ExportOptions
 from ..registration import supported_model_types
 from ..tasks import TASK
-from . import fallback
+from . import fallback, multimodal
 
 
 def check_output(output: Path) -> None:
@@ -57,6 +57,9 @@ def load_config(model: str, opts: ExportOptions):
     if model_type not in supported:
         if fallback.is_vision_language(config) or (opts.trust_remote_code and getattr(config, "auto_map", None)):
             return config  # decomposition decides: a VLM falls back, a remote-code wrapper may delegate
+        if multimodal.is_multimodal(config):
+            multimodal.plan(config)  # one line when its language model cannot be exported
+            return config
         from optimum.exporters.tasks import TasksManager
 
         tasks = TasksManager._SUPPORTED_MODEL_TYPE.get(model_type, {}).get("openvino")

@@ -22,18 +22,19 @@ from .validate import validate_graph
 
 
 def finish(raw: Path, final: Path, config, capture, reason, opts, model, quantization, calibration=None, *,
-           fix=None) -> Manifest:
+           fix=None, model_extra: dict | None = None) -> Manifest:
     """Validate the graph in `raw` (stage 5) and write the artifact into `final` (stage 6); return its manifest.
 
     `fix` is the architecture fix (`architectures.Fix`) optimum-intel's export ran with, if any: the
-    manifest records it under `model.fixes`.
+    manifest records it under `model.fixes`. `model_extra` adds to the manifest's `model` (a multimodal
+    checkpoint's language model: `pipeline/multimodal.py`).
     """
     import openvino as ov
 
-    fixes = {"fixes": [fix.record()]} if fix is not None else {}
+    extra = {**({"fixes": [fix.record()]} if fix is not None else {}), **(model_extra or {})}
     if reason is not None:
         progress.stage("writing")
-        return finish_fallback(raw, final, config, reason, opts, model, quantization, model_extra=fixes)
+        return finish_fallback(raw, final, config, reason, opts, model, quantization, model_extra=extra)
     graph_xml = STATIC_GRAPH_XML if opts.is_static else GRAPH_XML
     graphs = sorted(p.name for p in raw.glob("openvino_*model*.xml") if "tokenizer" not in p.name)
     if graphs != [graph_xml]:
@@ -51,7 +52,7 @@ def finish(raw: Path, final: Path, config, capture, reason, opts, model, quantiz
         partitioning="shared", config=config, source=model, opts=opts, decoder=ov_model, files=[graph_xml],
         quantization=quantization, calibration=calibration,
         static=shapes_of(ov_model).to_dict() if opts.is_static else None,
-        model_extra={**exported_module(capture), **notes, **fixes},
+        model_extra={**exported_module(capture), **notes, **extra},
     )
     if opts.skip_validation:
         manifest.validation = {"status": "skipped", "reason": "--skip-validation"}

@@ -51,10 +51,11 @@ class ExportOptions:
         convert_tokenizer: write `openvino_tokenizer.xml` / `openvino_detokenizer.xml` when
             openvino-tokenizers can convert the tokenizer.
         validation_new_tokens: greedy tokens compared at export (one prefill call and a decode call per
-            token after the first). `None` chooses: 16 where the checkpoint's weights fit in the memory
-            available, so the page cache keeps them and each call costs compute only; else 4 (the prefill
-            and 3 decode steps at growing cache lengths, what proves one graph serves both stages), since
-            each call then reads every weight from disk again (`pipeline/memory.py`).
+            token after the first; at least 4: the prefill and 3 decode steps at growing cache lengths, what
+            proves one graph serves both stages). `None` chooses (`pipeline/memory.captured_tokens`): each
+            call reads every weight once, so as many as keep that near 8 GB in all, from 4 to 16 (16 under
+            0.5 GB of weights, 8 at 1 GB, 4 from 2 GB); 4 where the checkpoint does not fit in the memory
+            available, since each call then reads it from disk again.
         validation_prompt: the text validated on; `None` uses a fixed built-in sentence.
         calibration_decode_steps: data-aware quantization only. Decode calls gathered after each
             calibration text's prefill, with the real KV cache (0: prefill calls only, optimum-intel's

@@ -107,3 +107,11 @@ def test_smallest_part_is_lm_head_or_one_layer():
     fp16 = memory.smallest_part_bytes(config, "fp16")
     assert fp16 == int(memory.COMPILED_PER_BYTE * 151936 * 2560 * 2)  # lm_head is larger than a layer here
     assert memory.smallest_part_bytes(config, "int4") < fp16
+
+
+@pytest.mark.parametrize("checkpoint_gb, tokens", [(0.3, 16), (0.99, 8), (2.2, 4), (8.04, 4)])
+def test_captured_tokens_keep_the_capture_reads_near_8_gb(checkpoint_gb, tokens):
+    plenty = memory.Memory(2**40, "test")
+    assert memory.captured_tokens(int(checkpoint_gb * 1e9), plenty) == tokens
+    tight = memory.Memory(int(checkpoint_gb * 1e9) // 2 + memory.RESERVE, "test")
+    assert memory.captured_tokens(int(checkpoint_gb * 1e9), tight) == 4

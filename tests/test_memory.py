@@ -115,3 +115,14 @@ def test_captured_tokens_keep_the_capture_reads_near_8_gb(checkpoint_gb, tokens)
     assert memory.captured_tokens(int(checkpoint_gb * 1e9), plenty) == tokens
     tight = memory.Memory(int(checkpoint_gb * 1e9) // 2 + memory.RESERVE, "test")
     assert memory.captured_tokens(int(checkpoint_gb * 1e9), tight) == 4
+
+
+def test_per_layer_sizes_take_the_largest():
+    """Gemma 3n gives `intermediate_size` per layer: the largest layer is the smallest part."""
+    from optimum_shared_graph.testing import tiny_config
+
+    config = tiny_config("gemma3n_text")
+    assert isinstance(config.intermediate_size, list)
+    hidden, inter = config.hidden_size, max(config.intermediate_size)
+    layer = (4 * hidden * hidden + 3 * hidden * inter) * 2
+    assert memory.smallest_part_bytes(config, "fp16") == int(memory.COMPILED_PER_BYTE * max(config.vocab_size * hidden * 2, layer))

@@ -149,16 +149,22 @@ def check_fits(config, weight_format: str | None, memory: Memory | None = None) 
 _BYTES = {"fp32": 4, "fp16": 2, "int8": 1, "int4": 0.5, "mxfp4": 0.5, "nf4": 0.5, "cb4": 0.5}
 
 
+def _size(config, name: str) -> int | None:
+    """A size from the config: an int, or the largest of a per-layer list (Gemma 3n's `intermediate_size`)."""
+    value = getattr(config, name, None)
+    if isinstance(value, (list, tuple)):
+        value = max((v for v in value if isinstance(v, int)), default=None)
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
 def smallest_part_bytes(config, weight_format: str | None) -> int | None:
     """The smallest part validation can run, compiled: `lm_head` or one decoder layer's weights at the export's
     format, whichever is larger, times `COMPILED_PER_BYTE`. None when the config does not say."""
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
-    hidden = getattr(text, "hidden_size", None)
-    vocab = getattr(text, "vocab_size", None)
-    layers = getattr(text, "num_hidden_layers", None)
-    inter = getattr(text, "intermediate_size", None) or (4 * hidden if hidden else None)
-    if not (hidden and vocab and layers):
+    hidden, vocab = _size(text, "hidden_size"), _size(text, "vocab_size")
+    if not (hidden and vocab):
         return None
+    inter = _size(text, "intermediate_size") or 4 * hidden
     per_weight = _BYTES.get(weight_format or "fp16", 2)
     layer = int((4 * hidden * hidden + 3 * hidden * inter) * per_weight)
     return int(COMPILED_PER_BYTE * max(vocab * hidden * per_weight, layer))

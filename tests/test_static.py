@@ -105,12 +105,14 @@ def test_static_parity_across_architectures(model_type, tiny_model, tmp_path):
 
 
 
-# optimum-intel's SDPA `_attn` of these families drops the attention mask for a batch of 1 (right over a dynamic
-# cache, wrong over a static one, whose keys include slots not yet written), and GPT-Neo's own `_attn` takes its
-# causal / local-window rows as the last keys; gpt_neo with a window of 8 shorter than the prompts + new tokens
+# The static forms of modules whose optimum-intel form does not fit a static graph (pipeline/static.py
+# `_static_forms`): optimum-intel's SDPA `_attn` of codegen, gptj and gpt_neo drops the attention mask for a batch of
+# 1 (right over a dynamic cache, wrong over a static one, whose keys include slots not yet written), GPT-Neo's own
+# `_attn` takes its causal / local-window rows as the last keys (gpt_neo with a window of 8, shorter than the
+# prompts + new tokens), and optimum-intel's granitemoe experts split the tokens by data-dependent sizes
 @pytest.mark.parametrize("model_type,query_len,overrides", [("codegen", 1, {}), ("gptj", 1, {}),
-                                                            ("gpt_neo", 4, {"window_size": 8})])
-def test_static_parity_at_batch_one_with_own_attention(model_type, query_len, overrides, tiny_model, tmp_path):
+                                                            ("gpt_neo", 4, {"window_size": 8}), ("granitemoe", 4, {})])
+def test_static_parity_at_batch_one_with_static_forms(model_type, query_len, overrides, tiny_model, tmp_path):
     from transformers import AutoModelForCausalLM
 
     path = tiny_model(model_type, **overrides)

@@ -114,7 +114,7 @@ def export_static_graph(pt_model, shapes: StaticShapes, *, logits: str, stateful
     export_config = constructor(pt_model.config, int_dtype="int64", float_dtype="fp32")
     patcher = export_config.patch_model_for_export(pt_model, model_kwargs=None)
     _pass_a_cache_through(patcher)
-    query_slots: dict = {}  # the call's cache_position, for attention that needs the query slots (`_attention_over_the_cache`)
+    query_slots: dict = {}  # the call's cache_position, for attention that needs the query slots (`_static_forms`)
     wrapper = _StaticDecoder(pt_model, len(kv_shapes), takes_positions, query_slots)
 
     example = {
@@ -133,8 +133,8 @@ def export_static_graph(pt_model, shapes: StaticShapes, *, logits: str, stateful
 
     masks = _wrapped_in(ALL_MASK_ATTENTION_FUNCTIONS, ("sdpa", "eager"), _with_int_query_length)
     attention = _wrapped_in(ALL_ATTENTION_FUNCTIONS, ("sdpa",), _grouped_sdpa)
-    own = _attention_over_the_cache(pt_model, query_slots)
-    with torch.no_grad(), patcher, masks, attention, own, _traceable_16bit(pt_model):
+    static_forms = _static_forms(pt_model, query_slots)
+    with torch.no_grad(), patcher, masks, attention, static_forms, _traceable_16bit(pt_model):
         decoder = TorchScriptPythonDecoder(wrapper, example_input=args, trace_kwargs={"check_trace": False})
         ov_model = ov.convert_model(decoder, example_input=args, input=[(tuple(a.shape), _ov_type(a)) for a in args])
     for port, name in zip(ov_model.inputs, names):
@@ -256,35 +256,41 @@ def _pass_a_cache_through(patcher) -> None:
 
 
 @contextlib.contextmanager
-def _attention_over_the_cache(pt_model, query_slots: dict) -> Iterator[None]:
-    """Inside the static trace: the `_attn` of the CodeGen, GPT-J and GPT-Neo attentions attends through the mask
-    over the whole static cache, in place of optimum-intel's.
+def _static_forms(pt_model, query_slots: dict) -> Iterator[None]:
+    """Inside the static trace: the modules whose optimum-intel form does not fit a static graph get one that does
+    (`_STATIC_FORMS`: a method of the module replaced, on the instance, and restored on exit).
 
-    optimum-intel's patchers give these attentions an SDPA `_attn` (`codegen_wrapped_scaled_dot_product`,
-    `_gptj_attn`, `_gpt_neo_attn_sdpa`) that, for a batch of 1, drops the attention mask: `is_causal=True` for
-    several queries, no mask at all for one. That is right for a dynamic cache, whose keys are exactly the tokens
-    so far; a static cache's keys are every slot of the capacity, most of them not yet written, so the static
-    graph attended to empty slots (greedy token 0 differed from PyTorch's with a 0.08 margin). GPT-J's falls
-    back to transformers' `_attn` with a `head_mask` argument the 5.x `_attn` no longer takes (the trace
-    failed). Here CodeGen and GPT-J run transformers' own `_attn` (the additive mask over every key), and GPT-Neo
-    a copy of its own whose causal and local-window mask is computed from the query slots (`cache_position`,
-    written into `query_slots` by the wrapper) instead of assuming the queries are the last keys, which slicing
-    its `bias` buffer by `key_length - query_length` does. Restored on exit.
+    Attention over the whole static cache. optimum-intel's patchers give the CodeGen, GPT-J and GPT-Neo attentions
+    an SDPA `_attn` (`codegen_wrapped_scaled_dot_product`, `_gptj_attn`, `_gpt_neo_attn_sdpa`) that, for a batch of
+    1, drops the attention mask: `is_causal=True` for several queries, no mask at all for one. That is right for a
+    dynamic cache, whose keys are exactly the tokens so far; a static cache's keys are every slot of the capacity,
+    most of them not yet written, so the static graph attended to empty slots (greedy token 0 differed from
+    PyTorch's with a 0.08 margin). GPT-J's falls back to transformers' `_attn` with a `head_mask` argument the 5.x
+    `_attn` no longer takes (the trace failed). Here CodeGen and GPT-J run transformers' own `_attn` (the additive
+    mask over every key), and GPT-Neo a copy of its own whose causal and local-window mask is computed from the
+    query slots (`cache_position`, written into `query_slots` by the wrapper) instead of assuming the queries are
+    the last keys, which slicing its `bias` buffer by `key_length - query_length` does.
+
+    Experts without data-dependent shapes. optimum-intel's GraniteMoE patcher splits the tokens among the experts
+    by how many each one got (`inputs[start:start + expert_size[i]]`), shapes only known at run time, so the
+    static graph kept dynamic shapes; here every expert runs on every token, weighted by the dense routing gates
+    (zero for the experts a token was not routed to).
     """
     replaced = []
     for module in pt_model.modules():
-        make = _OWN_ATTENTION.get(type(module).__name__)
-        if make is not None:
-            replaced.append((module, module.__dict__.get("_attn")))
-            module._attn = types.MethodType(make(query_slots), module)
+        form = _STATIC_FORMS.get(type(module).__name__)
+        if form is not None:
+            name, make = form
+            replaced.append((module, name, module.__dict__.get(name)))
+            setattr(module, name, types.MethodType(make(query_slots), module))
     try:
         yield
     finally:
-        for module, before in replaced:
+        for module, name, before in replaced:
             if before is None:
-                module.__dict__.pop("_attn", None)
+                module.__dict__.pop(name, None)
             else:
-                module._attn = before
+                setattr(module, name, before)
 
 
 def _additive(attention_mask, dtype):
@@ -330,9 +336,31 @@ def _gpt_neo_attn(query_slots: dict):
     return _attn
 
 
-# attention classes (by name) whose optimum-intel `_attn` does not attend over a static cache, and what replaces it
-_OWN_ATTENTION = {"CodeGenAttention": _transformers_attn, "GPTJAttention": _transformers_attn,
-                  "GPTNeoSelfAttention": _gpt_neo_attn}
+def _granite_moe_dense(query_slots: dict):
+    """`GraniteMoeMoE.forward` with every expert on every token, weighted by the dense top-k gates."""
+
+    def forward(self, layer_input):
+        import torch
+
+        batch, length, width = layer_input.shape
+        tokens = layer_input.reshape(-1, width)
+        router = self.router
+        logits = router.layer(tokens).float()
+        top_k_logits, top_k_indices = logits.topk(router.top_k, dim=1)
+        top_k_gates = torch.softmax(top_k_logits, dim=1).type_as(tokens)
+        gates = torch.zeros(tokens.shape[0], router.num_experts, dtype=tokens.dtype).scatter(1, top_k_indices, top_k_gates)
+        hidden = torch.matmul(tokens.unsqueeze(0), self.input_linear.weight.transpose(1, 2))  # [experts, tokens, 2 x inner]
+        gate, up = hidden.chunk(2, dim=-1)
+        out = torch.matmul(self.activation(gate) * up, self.output_linear.weight.transpose(1, 2))  # [experts, tokens, width]
+        out = (out * gates.transpose(0, 1).unsqueeze(-1)).sum(dim=0)
+        return out.view(batch, length, width)
+
+    return forward
+
+
+# module classes (by name) whose optimum-intel form does not fit a static graph: the method replaced, and its maker
+_STATIC_FORMS = {"CodeGenAttention": ("_attn", _transformers_attn), "GPTJAttention": ("_attn", _transformers_attn),
+                 "GPTNeoSelfAttention": ("_attn", _gpt_neo_attn), "GraniteMoeMoE": ("forward", _granite_moe_dense)}
 
 
 def _with_int_query_length(inner):

@@ -128,6 +128,17 @@ _OVERRIDES: dict[str, dict[str, Any]] = {
                    num_attention_heads=8, num_key_value_heads=8, n_mamba_heads=8, mamba_d_state=16, mamba_d_conv=4,
                    mamba_expand=2, mamba_ngroups=1, chunk_size=256, num_mem_blocks=1, use_shared_attention_adapter=True,
                    adapter_rank=8, use_mem_rope=True, intermediate_size=None, tie_word_embeddings=True),
+    # shaped like arcee-ai/Trinity-Mini (the Trinity report's table): 3 sliding-window layers then 1 full-attention
+    # layer (global_attn_every_n_layers 4; RoPE on the sliding layers only), the first layers dense (2 of 32 there, 1
+    # of 4 here), 8 query heads per KV head with heads x head_dim twice the hidden size (32 x 128 on 4 there), MLP 3 x
+    # hidden, routed experts of 0.5 x hidden (128, top 8 there; 16, top 4 here) with sigmoid routing, route_scale
+    # 2.826 and 1 shared expert, muP input scaling. The window (8) is shorter than every check's prompt + new tokens.
+    # AfmoePreTrainedModel._init_weights zeroes the router gate, so in a random-init model every expert scores 0.5
+    # (an exact tie PyTorch's topk and OpenVINO's TopK break differently; tests/test_architectures.py)
+    "afmoe": dict(num_hidden_layers=4, layer_types=["sliding_attention"] * 3 + ["full_attention"],
+                  global_attn_every_n_layers=4, sliding_window=8, num_dense_layers=1, num_attention_heads=8,
+                  num_key_value_heads=1, head_dim=16, intermediate_size=192, moe_intermediate_size=32,
+                  num_experts=16, num_experts_per_tok=4, num_shared_experts=1, route_scale=2.826, mup_enabled=True),
     "codegen": dict(n_embd=64, n_layer=2, n_head=4, n_positions=512, rotary_dim=8),
     "gptj": dict(n_embd=64, n_layer=2, n_head=4, n_positions=512, rotary_dim=8),
     # shaped like Qwen/Qwen3-Next-80B-A3B-Instruct: 3 gated-delta-net (linear attention) layers then 1 gated

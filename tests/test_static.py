@@ -104,6 +104,44 @@ def test_static_parity_across_architectures(model_type, tiny_model, tmp_path):
     assert torch.equal(_greedy(pt, ids, mask), _greedy(model, ids, mask))
 
 
+
+# The static forms of modules whose optimum-intel form does not fit a static graph (pipeline/static.py
+# `_static_forms`): optimum-intel's SDPA `_attn` of codegen, gptj and gpt_neo drops the attention mask for a batch of
+# 1 (right over a dynamic cache, wrong over a static one, whose keys include slots not yet written), GPT-Neo's own
+# `_attn` takes its causal / local-window rows as the last keys (gpt_neo with a window of 8, shorter than the
+# prompts + new tokens), and optimum-intel's granitemoe experts split the tokens by data-dependent sizes
+@pytest.mark.parametrize("model_type,query_len,overrides", [("codegen", 1, {}), ("gptj", 1, {}),
+                                                            ("gpt_neo", 4, {"window_size": 8}), ("granitemoe", 4, {})])
+def test_static_parity_at_batch_one_with_static_forms(model_type, query_len, overrides, tiny_model, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    path = tiny_model(model_type, **overrides)
+    out = tmp_path / model_type
+    manifest = osg.export(str(path), out, shape_mode="static", max_cache_len=CAPACITY, static_query_len=query_len)
+    assert manifest.static["batch_size"] == 1 and manifest.validation["status"] == "passed"
+    pt = AutoModelForCausalLM.from_pretrained(path).eval()
+    model = osg.runtime(out, ov_config=EXACT)
+    for length in (3, 13):
+        ids = _prompt(length)
+        assert torch.equal(_greedy(pt, ids, torch.ones_like(ids)), _greedy(model, ids, torch.ones_like(ids))), length
+
+
+# optimum-intel's Gemma2ModelPatcher (Gemma 2, Gemma 3 text) wraps past_key_values in a DynamicCache; the static
+# trace's Cache passes through to the model (a window of 8, shorter than the prompts + new tokens)
+@pytest.mark.parametrize("model_type", ["gemma2", "gemma3_text"])
+def test_static_parity_through_optimum_intel_gemma2_patcher(model_type, tiny_model, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    path = tiny_model(model_type, sliding_window=8)
+    out = tmp_path / model_type
+    manifest = osg.export(str(path), out, shape_mode="static", max_cache_len=CAPACITY, static_query_len=4)
+    assert manifest.validation["status"] == "passed"
+    pt = AutoModelForCausalLM.from_pretrained(path).eval()
+    model = osg.runtime(out, ov_config=EXACT)
+    for length in (3, 13):
+        ids = _prompt(length)
+        assert torch.equal(_greedy(pt, ids, torch.ones_like(ids)), _greedy(model, ids, torch.ones_like(ids))), length
+
 def test_grouped_query_attention_does_not_repeat_the_kv_buffers(static_artifact, tiny_model):
     """The tiny llama has 4 query heads over 2 KV heads: no op of the static graph may produce the KV
     buffers repeated per query head ([B, 4, capacity, head_dim]), which transformers' `repeat_kv` would."""

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import types
 from pathlib import Path
 from typing import Iterator
 
@@ -112,7 +113,9 @@ def export_static_graph(pt_model, shapes: StaticShapes, *, logits: str, stateful
         ) from err
     export_config = constructor(pt_model.config, int_dtype="int64", float_dtype="fp32")
     patcher = export_config.patch_model_for_export(pt_model, model_kwargs=None)
-    wrapper = _StaticDecoder(pt_model, len(kv_shapes), takes_positions)
+    _pass_a_cache_through(patcher)
+    query_slots: dict = {}  # the call's cache_position, for attention that needs the query slots (`_static_forms`)
+    wrapper = _StaticDecoder(pt_model, len(kv_shapes), takes_positions, query_slots)
 
     example = {
         "input_ids": torch.ones((B, C), dtype=torch.int64),
@@ -130,7 +133,8 @@ def export_static_graph(pt_model, shapes: StaticShapes, *, logits: str, stateful
 
     masks = _wrapped_in(ALL_MASK_ATTENTION_FUNCTIONS, ("sdpa", "eager"), _with_int_query_length)
     attention = _wrapped_in(ALL_ATTENTION_FUNCTIONS, ("sdpa",), _grouped_sdpa)
-    with torch.no_grad(), patcher, masks, attention, _traceable_16bit(pt_model):
+    static_forms = _static_forms(pt_model, query_slots)
+    with torch.no_grad(), patcher, masks, attention, static_forms, _traceable_16bit(pt_model):
         decoder = TorchScriptPythonDecoder(wrapper, example_input=args, trace_kwargs={"check_trace": False})
         ov_model = ov.convert_model(decoder, example_input=args, input=[(tuple(a.shape), _ov_type(a)) for a in args])
     for port, name in zip(ov_model.inputs, names):
@@ -216,6 +220,147 @@ def _grouped_sdpa(inner):
         return out, None
 
     return attention
+
+
+def _pass_a_cache_through(patcher) -> None:
+    """The static trace's `Cache` reaches the model's forward as it is, through optimum-intel's Gemma 2 patcher.
+
+    `Gemma2ModelPatcher` (the patcher of optimum-intel's Gemma 2, Gemma 3 text and Gemma 3n text configs) wraps
+    whatever `past_key_values` its forward gets in a new `DynamicCache`, which takes legacy `(key, value)` tuples:
+    the static trace's `Cache` of fixed-capacity layers fails there ("'Cache' object is not iterable"). With a
+    `Cache`, its forward here calls the model's own with optimum-intel's argument overrides, as the gemma4 fix's
+    patcher does (`architectures/gemma4.py`); legacy tuples still take optimum-intel's path. Other patchers are
+    left as they are.
+    """
+    from optimum.exporters.openvino.model_patcher import Gemma2ModelPatcher
+
+    if not isinstance(patcher, Gemma2ModelPatcher):
+        return
+    import functools
+    import inspect
+
+    from optimum.exporters.openvino.patching_utils import override_arguments
+    from transformers.cache_utils import Cache
+
+    legacy_forward, model_forward = patcher.patched_forward, patcher.orig_forward
+    signature = inspect.signature(model_forward)
+
+    @functools.wraps(model_forward)
+    def patched_forward(*args, **kwargs):
+        if isinstance(signature.bind_partial(*args, **kwargs).arguments.get("past_key_values"), Cache):
+            args, kwargs = override_arguments(args, kwargs, signature, model_kwargs=patcher.model_kwargs)
+            return model_forward(*args, **kwargs)
+        return legacy_forward(*args, **kwargs)
+
+    patcher.patched_forward = patched_forward
+
+
+@contextlib.contextmanager
+def _static_forms(pt_model, query_slots: dict) -> Iterator[None]:
+    """Inside the static trace: the modules whose optimum-intel form does not fit a static graph get one that does
+    (`_STATIC_FORMS`: a method of the module replaced, on the instance, and restored on exit).
+
+    Attention over the whole static cache. optimum-intel's patchers give the CodeGen, GPT-J and GPT-Neo attentions
+    an SDPA `_attn` (`codegen_wrapped_scaled_dot_product`, `_gptj_attn`, `_gpt_neo_attn_sdpa`) that, for a batch of
+    1, drops the attention mask: `is_causal=True` for several queries, no mask at all for one. That is right for a
+    dynamic cache, whose keys are exactly the tokens so far; a static cache's keys are every slot of the capacity,
+    most of them not yet written, so the static graph attended to empty slots (greedy token 0 differed from
+    PyTorch's with a 0.08 margin). GPT-J's falls back to transformers' `_attn` with a `head_mask` argument the 5.x
+    `_attn` no longer takes (the trace failed). Here CodeGen and GPT-J run transformers' own `_attn` (the additive
+    mask over every key), and GPT-Neo a copy of its own whose causal and local-window mask is computed from the
+    query slots (`cache_position`, written into `query_slots` by the wrapper) instead of assuming the queries are
+    the last keys, which slicing its `bias` buffer by `key_length - query_length` does.
+
+    Experts without data-dependent shapes. optimum-intel's GraniteMoE patcher splits the tokens among the experts
+    by how many each one got (`inputs[start:start + expert_size[i]]`), shapes only known at run time, so the
+    static graph kept dynamic shapes; here every expert runs on every token, weighted by the dense routing gates
+    (zero for the experts a token was not routed to).
+    """
+    replaced = []
+    for module in pt_model.modules():
+        form = _STATIC_FORMS.get(type(module).__name__)
+        if form is not None:
+            name, make = form
+            replaced.append((module, name, module.__dict__.get(name)))
+            setattr(module, name, types.MethodType(make(query_slots), module))
+    try:
+        yield
+    finally:
+        for module, name, before in replaced:
+            if before is None:
+                module.__dict__.pop(name, None)
+            else:
+                setattr(module, name, before)
+
+
+def _additive(attention_mask, dtype):
+    """A transformers attention mask as an additive float mask (0 where attended, the dtype's minimum elsewhere)."""
+    import torch
+
+    if attention_mask is None:
+        raise ModelNotSupportedError("the static trace got no attention mask: use --shape-mode dynamic for this model")
+    if attention_mask.dtype == torch.bool:
+        return torch.where(attention_mask, torch.zeros((), dtype=dtype), torch.full((), torch.finfo(dtype).min, dtype=dtype))
+    return attention_mask.to(dtype)
+
+
+def _transformers_attn(query_slots: dict):
+    """The attention class's own `_attn` (CodeGen, GPT-J: scores + the additive mask, in float32)."""
+
+    def _attn(self, query, key, value, attention_mask=None, *args, **kwargs):
+        import torch
+
+        return type(self)._attn(self, query, key, value, _additive(attention_mask, torch.float32))
+
+    return _attn
+
+
+def _gpt_neo_attn(query_slots: dict):
+    """`GPTNeoSelfAttention._attn` with its causal / local-window mask taken at the query slots."""
+
+    def _attn(self, query, key, value, attention_mask=None, *args, **kwargs):
+        import torch
+
+        query, key = query.to(torch.float32), key.to(torch.float32)
+        weights = torch.matmul(query, key.transpose(-1, -2))  # GPT-Neo does not scale its scores
+        distance = query_slots["query"].unsqueeze(1) - _arange_like(key, -2).unsqueeze(0)  # [C, capacity]
+        allowed = distance >= 0
+        if self.attention_type == "local":
+            allowed = allowed & (distance < self.config.window_size)
+        mask_value = torch.full((), torch.finfo(weights.dtype).min, dtype=weights.dtype)
+        weights = torch.where(allowed, weights, mask_value)
+        weights = weights + _additive(attention_mask, weights.dtype)
+        weights = torch.nn.functional.softmax(weights, dim=-1).to(value.dtype)
+        return torch.matmul(weights, value), weights
+
+    return _attn
+
+
+def _granite_moe_dense(query_slots: dict):
+    """`GraniteMoeMoE.forward` with every expert on every token, weighted by the dense top-k gates."""
+
+    def forward(self, layer_input):
+        import torch
+
+        batch, length, width = layer_input.shape
+        tokens = layer_input.reshape(-1, width)
+        router = self.router
+        logits = router.layer(tokens).float()
+        top_k_logits, top_k_indices = logits.topk(router.top_k, dim=1)
+        top_k_gates = torch.softmax(top_k_logits, dim=1).type_as(tokens)
+        gates = torch.zeros(tokens.shape[0], router.num_experts, dtype=tokens.dtype).scatter(1, top_k_indices, top_k_gates)
+        hidden = torch.matmul(tokens.unsqueeze(0), self.input_linear.weight.transpose(1, 2))  # [experts, tokens, 2 x inner]
+        gate, up = hidden.chunk(2, dim=-1)
+        out = torch.matmul(self.activation(gate) * up, self.output_linear.weight.transpose(1, 2))  # [experts, tokens, width]
+        out = (out * gates.transpose(0, 1).unsqueeze(-1)).sum(dim=0)
+        return out.view(batch, length, width)
+
+    return forward
+
+
+# module classes (by name) whose optimum-intel form does not fit a static graph: the method replaced, and its maker
+_STATIC_FORMS = {"CodeGenAttention": ("_attn", _transformers_attn), "GPTJAttention": ("_attn", _transformers_attn),
+                 "GPTNeoSelfAttention": ("_attn", _gpt_neo_attn), "GraniteMoeMoE": ("forward", _granite_moe_dense)}
 
 
 def _with_int_query_length(inner):
@@ -308,17 +453,19 @@ def _make_wrapper_class():
     class StaticDecoder(torch.nn.Module):
         """`forward(input_ids, attention_mask, [position_ids], cache_position, *past) -> (logits, *present)`."""
 
-        def __init__(self, model, num_layers: int, takes_positions: bool):
+        def __init__(self, model, num_layers: int, takes_positions: bool, query_slots: dict):
             super().__init__()
             self.model = model
             self.num_layers = num_layers
             self.takes_positions = takes_positions
+            self.query_slots = query_slots
 
         def forward(self, input_ids, attention_mask, *rest):
             if self.takes_positions:
                 position_ids, cache_position, *past = rest
             else:
                 position_ids, (cache_position, *past) = None, rest
+            self.query_slots["query"] = cache_position
             cache = _graph_cache(past, cache_position)
             kwargs = dict(input_ids=input_ids, attention_mask=attention_mask, past_key_values=cache, use_cache=True)
             if position_ids is not None:
@@ -331,8 +478,8 @@ def _make_wrapper_class():
     return StaticDecoder
 
 
-def _StaticDecoder(model, num_layers: int, takes_positions: bool):
-    return _make_wrapper_class()(model, num_layers, takes_positions)
+def _StaticDecoder(model, num_layers: int, takes_positions: bool, query_slots: dict | None = None):
+    return _make_wrapper_class()(model, num_layers, takes_positions, {} if query_slots is None else query_slots)
 
 
 def _slice_logits_to_last_attended(model) -> None:

@@ -126,3 +126,18 @@ def test_per_layer_sizes_take_the_largest():
     hidden, inter = config.hidden_size, max(config.intermediate_size)
     layer = (4 * hidden * hidden + 3 * hidden * inter) * 2
     assert memory.smallest_part_bytes(config, "fp16") == int(memory.COMPILED_PER_BYTE * max(config.vocab_size * hidden * 2, layer))
+
+
+def test_a_graph_over_the_part_cap_runs_in_parts_even_with_room(tiny_model, tmp_path, monkeypatch):
+    import openvino as ov
+
+    import optimum_shared_graph as osg
+
+    out = tmp_path / "ov"
+    osg.export(str(tiny_model("llama")), out, quiet=True)
+    graph = ov.Core().read_model(out / "openvino_model.xml")
+    plenty = memory.Memory(2**40, "test")
+    assert memory.validation_parts(graph, plenty).count == 1
+    monkeypatch.setattr(memory, "MAX_PART_BYTES", 200_000)  # the cap scaled to the tiny graph (~0.5 MB)
+    plan = memory.validation_parts(graph, plenty)
+    assert plan.count >= 2 and max(plan.part_bytes) <= plan.total_bytes

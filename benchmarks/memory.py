@@ -237,7 +237,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="qwen3-4b", choices=list(models.MODELS))
     parser.add_argument("--formats", nargs="+", default=["fp16", "int8", "int4"])
-    parser.add_argument("--limits", nargs="+", type=float, default=[2, 3, 4, 6, 8],
+    parser.add_argument("--limits", nargs="*", type=float, default=[2, 3, 4, 6, 8],
                         help="GiB limits tried for optimum-intel's export, smallest first")
     parser.add_argument("--at-smallest", action="store_true", help="also run the shared export at optimum-intel's limit")
     parser.add_argument("--whole-too", action="store_true",

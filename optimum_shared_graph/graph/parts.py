@@ -7,7 +7,7 @@ kept, and it is freed before part k+1 is compiled. The calls' results are the wh
 one part's weights.
 
     plan = plan_parts(model, max_part_bytes)
-    for part in plan.parts(model.clone()):   # one `openvino.Model` at a time
+    for part in build_parts(model.clone(), plan):   # one `openvino.Model` at a time
         ...
 
 Where the graph is cut: at positions of the graph's topological order between two operations, chosen so that
@@ -19,9 +19,9 @@ Where the graph is cut: at positions of the graph's topological order between tw
   each part), as late as keeps the part under the bound.
 
 A value computed in an earlier part and read in a later one becomes an output of the first and a `Parameter`
-of the second, named `cut.<index>`; the graph's own inputs are fed to every part that reads them. Constants
-(and what is computed from constants only) belong to every part that reads them, so a tied embedding and
-`lm_head` count in both.
+of the second, named `cut.<index>`; the graph's own inputs are fed to every part that reads them. Constants,
+and what is computed from constants and the graph's inputs other than the tokens, belong to every part that
+reads them, so a tied embedding and `lm_head` count in both.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ def _key(node) -> int:
 class PartPlan:
     """Where a graph is cut, and what each part costs."""
 
-    cuts: list[int]  # positions in `order` where a new part starts (excluding 0)
+    cuts: list[int]  # positions in the planned order where a new part starts (excluding 0)
     part_bytes: list[int]  # the weight bytes each part reads
     crossing: list[int]  # values crossing each cut
     total_bytes: int
@@ -55,7 +55,7 @@ class PartPlan:
 
 
 def _constant_like(ops) -> set[int]:
-    """Ids of the operations computed from constants only (a Constant and its decompression chain)."""
+    """Keys of the operations computed from constants only (a Constant and its decompression chain)."""
     const: set[int] = set()
     for op in ops:  # topological: inputs come first
         kind = op.get_type_name()

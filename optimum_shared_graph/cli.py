@@ -50,7 +50,7 @@ def add_arguments(parser) -> None:
                        help="Do not check the exported graph against the PyTorch model.")
     group.add_argument("--validation-tokens", type=int, default=None, metavar="N", dest="validation_new_tokens",
                        help="Greedy tokens validated (a prefill and N-1 decode calls; at least 4). Default: 4 to 16, "
-                            "so the capture reads about 8 GB of weights (16 under 0.5 GB, 4 from 2 GB); 4 when the "
+                            "so the capture reads about 4 GB of weights (16 under 0.25 GB, 4 from 1 GB); 4 when the "
                             "checkpoint does not fit in memory (each call rereads it from disk).")
     group.add_argument("--calibration-decode-steps", type=int, default=None, metavar="N",
                        help="Data-aware quantization: decode calls calibrated after each text's prefill, with the "

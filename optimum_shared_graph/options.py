@@ -53,8 +53,8 @@ class ExportOptions:
         validation_new_tokens: greedy tokens compared at export (one prefill call and a decode call per
             token after the first; at least 4: the prefill and 3 decode steps at growing cache lengths, what
             proves one graph serves both stages). `None` chooses (`pipeline/memory.captured_tokens`): each
-            call reads every weight once, so as many as keep that near 8 GB in all, from 4 to 16 (16 under
-            0.5 GB of weights, 8 at 1 GB, 4 from 2 GB); 4 where the checkpoint does not fit in the memory
+            call reads every weight once, so as many as keep that near 4 GB in all, from 4 to 16 (16 under
+            0.25 GB of weights, 8 at 0.5 GB, 4 from 1 GB); 4 where the checkpoint does not fit in the memory
             available, since each call then reads it from disk again.
         validation_prompt: the text validated on; `None` uses a fixed built-in sentence.
         calibration_decode_steps: data-aware quantization only. Decode calls gathered after each

@@ -200,7 +200,7 @@ def plan_validation(model: str, config, opts, weight_format: str | None):
 
 # The weights the capture reads in all, when they stay in the page cache: each recorded call reads (and, for a
 # 16-bit checkpoint, upcasts to float32) every weight once.
-CAPTURE_TRAFFIC = 8 * 10**9
+CAPTURE_TRAFFIC = 4 * 10**9
 MIN_TOKENS, MAX_TOKENS = 4, 16
 
 
@@ -208,7 +208,7 @@ def captured_tokens(checkpoint: int | None, memory: Memory) -> int:
     """How many greedy tokens the capture records (one call each): `MIN_TOKENS` (the prefill and 3 decode steps
     at growing cache lengths, what shows one graph serves both stages) when the checkpoint does not fit in
     memory beside `RESERVE` (each call then reads it from disk again); else as many as keep the capture's reads
-    near `CAPTURE_TRAFFIC`, up to `MAX_TOKENS` (16 for a model under 0.5 GB, 8 at 1 GB, 4 from 2 GB)."""
+    near `CAPTURE_TRAFFIC`, up to `MAX_TOKENS` (16 for a model under 0.25 GB, 8 at 0.5 GB, 4 from 1 GB)."""
     if checkpoint is None:
         return MAX_TOKENS
     if checkpoint + RESERVE > memory.available:

@@ -40,11 +40,10 @@ def package_versions() -> dict[str, str | None]:
     return out
 
 
-# The digest a load checks (the sha256 stays in `files` for users and tools): XXH3-128 hashes about 7 GB/s on
-# one core here against sha256's 0.8-1.3, so the check of an 8 GB graph costs a second, not ten. It guards against
-# a file changed or damaged after the export (a copy cut short, a file rewritten), not against an adversary who
+# The digest a load checks (the sha256 stays in `files` for users and tools) is XXH3-128: about 7 GB/s on one
+# core here against sha256's 0.8-1.3, so the check of an 8 GB graph costs a second, not ten. It guards against a
+# file changed or damaged after the export (a copy cut short, a file rewritten), not against an adversary who
 # could rewrite the manifest as well.
-FAST_DIGEST = "xxh3_128"
 _BLOCK = 64 << 20
 
 
@@ -314,8 +313,7 @@ def digest_graph_files(directory: Path, names: list[str], *, remember: bool = Fa
         target = (directory / name).resolve()
         before = verified.FileIdentity.of(target) if known is not None else None
         slow[name], fast[name] = digest_file(target)
-        if known is not None and verified.FileIdentity.of(target) == before:
-            known.remember(target, before, slow[name], hash_started_ns=None)
+        _remember(known, target, before, slow[name], hash_started_ns=None)
     if known is not None:
         known.save()
     return slow, fast
@@ -326,9 +324,16 @@ def _check_remembered(target: Path, known, before, digest: str, fast: str | None
     read at memory speed), else its sha256 against `digest`. A match is remembered in `known` (if any) under
     the sha256, when the file's identity is still `before`."""
     same = fast_digest_file(target) == fast if fast is not None else sha256_file(target) == digest
-    if same and known is not None and verified.FileIdentity.of(target) == before:
-        known.remember(target, before, digest, hash_started_ns=hash_started_ns)
+    if same:
+        _remember(known, target, before, digest, hash_started_ns=hash_started_ns)
     return same
+
+
+def _remember(known, target: Path, before, digest: str, *, hash_started_ns: int | None) -> None:
+    """Remember `digest` (a sha256) for `target` in `known` (if any) when the file's identity is still `before`
+    once hashed (see `VerifiedFiles.remember` for `hash_started_ns`)."""
+    if known is not None and verified.FileIdentity.of(target) == before:
+        known.remember(target, before, digest, hash_started_ns=hash_started_ns)
 
 
 def verify_mode(verify: bool | str = True) -> str | None:

@@ -185,9 +185,6 @@ def plan_parts(model, max_part_bytes: int) -> PartPlan:
     for i, op in enumerate(g.ops):
         for out in op.outputs():
             last = max((g.pos.get(_key(t.get_node()), -1) for t in out.get_target_inputs()), default=-1)
-            for t in out.get_target_inputs():
-                if t.get_node().get_type_name() == "Assign":
-                    last = max(last, i)
             if last > i:
                 delta[i + 1] += 1
                 delta[last + 1] -= 1

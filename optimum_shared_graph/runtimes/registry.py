@@ -17,6 +17,7 @@ import functools
 import importlib.metadata
 import os
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -188,35 +189,15 @@ def runtime(path: str | os.PathLike, device: str = "CPU", *, provider: str | Non
     chosen = REGISTRY.select(manifest, name=provider)
     # the graph files are checked while the provider reads and compiles them (a second core hashes while OpenVINO
     # compiles), and the model is handed out only once they match: a changed file is refused before any inference
-    check = _Background(verify_files, path, manifest, mode=mode)
-    try:
-        model = chosen.plugin.load(path, manifest, device=device, **options)
-    finally:
-        check.result()  # raises ManifestError if a file does not match, in place of whatever load() did
+    with ThreadPoolExecutor(1, thread_name_prefix="optimum-shared-graph-verify") as pool:
+        check = pool.submit(verify_files, path, manifest, mode=mode)
+        try:
+            model = chosen.plugin.load(path, manifest, device=device, **options)
+        finally:
+            check.result()  # raises ManifestError if a file does not match, in place of whatever load() did
     if "concurrent" not in chosen.capabilities:
         model = _one_call_at_a_time(model)
     return model
-
-
-class _Background:
-    """`function(*args, **kwargs)` run on a thread of its own; `result()` waits for it and raises what it raised."""
-
-    def __init__(self, function, *args, **kwargs):
-        self._error: BaseException | None = None
-
-        def run():
-            try:
-                function(*args, **kwargs)
-            except BaseException as err:  # handed to the caller by result()
-                self._error = err
-
-        self._thread = threading.Thread(target=run, name="optimum-shared-graph-verify", daemon=True)
-        self._thread.start()
-
-    def result(self) -> None:
-        self._thread.join()
-        if self._error is not None:
-            raise self._error
 
 
 def _one_call_at_a_time(model: Any) -> Any:

@@ -47,10 +47,10 @@ class GraphSession:
             at decode steps depends on it (see `FULL_MASK_STATE_SPACE_TYPES`).
     """
 
-    def __init__(self, compiled, *, model_type: str | None = None):
-        self.compiled = compiled
+    def __init__(self, compiled, *, model_type: str | None = None, graph=None):
+        self.compiled, self._graph = compiled, graph
         self.request = None if compiled is None else compiled.create_infer_request()
-        ports = compiled if compiled is not None else self._model
+        ports = compiled if compiled is not None else graph
         self.inputs = {port.get_any_name(): port for port in ports.inputs}
         self.past_names = [n for n in self.inputs if n.startswith(_PAST_PREFIXES)]
         self.present_names = [p.get_any_name() for p in ports.outputs if p.get_any_name().startswith(_PRESENT_PREFIXES)]
@@ -70,10 +70,7 @@ class GraphSession:
     def feeds_only(cls, ov_model, *, model_type: str | None = None) -> "GraphSession":
         """A session that only computes the inputs of each call (`feed()`) for `ov_model`, with nothing
         compiled: what runs a graph in parts feeds every part from it."""
-        session = cls.__new__(cls)
-        session._model = ov_model
-        cls.__init__(session, None, model_type=model_type)
-        return session
+        return cls(None, model_type=model_type, graph=ov_model)
 
     def reset(self) -> None:
         """Forget the cache: the next call is a prefill."""
@@ -89,7 +86,7 @@ class GraphSession:
         if self.request is not None:
             shapes += [state.state.shape for state in self.request.query_state() if ".conv" in state.name]
         else:
-            shapes += [v.info.data_shape for v in self._model.get_variables() if ".conv" in v.info.variable_id]
+            shapes += [v.info.data_shape for v in self._graph.get_variables() if ".conv" in v.info.variable_id]
         for shape in shapes:
             last = shape[len(shape) - 1]
             if not hasattr(last, "is_static"):

@@ -9,6 +9,7 @@ optimum-cli hook) loads nothing heavy. Where things live (docs/design.md has the
 - `pipeline`: the export, stage by stage (`pipeline/export.py` runs them in order);
 - `quantization`: calibration on both stages, and on a static graph's own calls;
 - `runtimes`: `runtime()`, its provider registry, the OpenVINO provider and the sessions;
+- `proof`: the reference stored in an artifact, the rules that judge against it, `validate()`;
 - `graph`: transforms of OpenVINO graphs;
 - leaves: `errors`, `options`, `manifest` (and `verified`, its cache of verified files), `tasks`, `registration`, `progress`.
 """
@@ -22,6 +23,7 @@ __version__ = "0.2.0.dev0"
 
 _EXPORTS = {
     "TASK": "tasks",
+    "ArtifactValidationError": "errors",
     "ArtifactWriteError": "errors",
     "DecompositionError": "errors",
     "ExportValidationError": "errors",
@@ -38,6 +40,7 @@ _EXPORTS = {
     "register": "cli",
     "runtime": "runtimes.registry",
     "supported_model_types": "registration",
+    "validate": "proof.check",
 }
 
 __all__ = sorted(_EXPORTS)
@@ -46,13 +49,14 @@ if TYPE_CHECKING:  # for type checkers and IDEs; at run time the names come from
     from .api import export
     from .cli import register
     from .errors import (
-        ArtifactWriteError, DecompositionError, ExportValidationError, InvalidOptionsError, ManifestError,
+        ArtifactValidationError, ArtifactWriteError, DecompositionError, ExportValidationError, InvalidOptionsError, ManifestError,
         ModelNotSupportedError, NotEnoughMemoryError, RuntimeSelectionError, SharedGraphError,
     )
     from .manifest import Manifest, read_manifest
     from .options import ExportOptions
     from .registration import supported_model_types
     from .runtimes.registry import runtime
+    from .proof.check import validate
     from .tasks import TASK
 
 

@@ -10,6 +10,8 @@ Every message is one line that says what is wrong and how to fix it. The tree::
     ├── ArtifactWriteError         the artifact cannot be written (disk full, read-only, no permission)
     ├── NotEnoughMemoryError       validation cannot fit even one part of the graph in the memory available
     ├── ManifestError              missing, corrupt, newer-schema or tampered artifact
+    ├── ArtifactValidationError    validate(): the artifact does not reproduce its stored reference through a
+    │                              consumer on a device, or has no reference to check
     └── RuntimeSelectionError      no runtime provider covers what an artifact requires,
                                    or a request the artifact cannot serve (prompt too long, ...)
 
@@ -74,6 +76,20 @@ class NotEnoughMemoryError(SharedGraphError, MemoryError):
 
 class ManifestError(SharedGraphError):
     """An artifact's manifest is missing, unreadable, from a newer schema, or does not match its files."""
+
+
+class ArtifactValidationError(SharedGraphError):
+    """`validate()`: an artifact does not reproduce its stored reference through the consumer and device it
+    was run on, or it has no (intact) reference to check.
+
+    Args:
+        message: the one-line reason.
+        report: the check's results (None when nothing could be run).
+    """
+
+    def __init__(self, message: str, *, report: dict | None = None):
+        super().__init__(message)
+        self.report = report
 
 
 class RuntimeSelectionError(SharedGraphError):

@@ -14,9 +14,10 @@ LAYERS = [
     {"graph"},  # transforms of OpenVINO graphs
     {"architectures"},  # fixes of optimum-intel's export configs, one module per architecture family
     {"runtimes"},  # runtime(), providers, the sessions that feed a graph
+    {"proof"},  # the stored reference, the rules that judge against it, validate() of a deployed artifact
     {"quantization"},  # calibration on both stages and on static graphs
     {"pipeline"},  # the export, stage by stage
-    {"api", "cli", "_cli_hook", "__init__", "testing"},  # the public face
+    {"api", "cli", "validate_cli", "__main__", "_cli_hook", "__init__", "testing"},  # the public face
 ]
 
 

@@ -16,9 +16,10 @@ from ..manifest import GRAPH_XML, RT_INFO_KEY, STATIC_GRAPH_XML, Manifest, build
 from ..runtimes.session import GraphSession
 from ..runtimes.static_session import StaticSession
 from .. import progress
+from ..proof.stored import Reference
 from . import fallback
 from .memory import validation_parts
-from .validate import validate_graph
+from .validate import graph_outputs, judge_export
 
 
 def finish(raw: Path, final: Path, config, capture, reason, opts, model, quantization, calibration=None, *,
@@ -54,6 +55,7 @@ def finish(raw: Path, final: Path, config, capture, reason, opts, model, quantiz
         static=shapes_of(ov_model).to_dict() if opts.is_static else None,
         model_extra={**exported_module(capture), **notes, **extra},
     )
+    reference = None
     if opts.skip_validation:
         manifest.validation = {"status": "skipped", "reason": "--skip-validation"}
     else:
@@ -62,10 +64,12 @@ def finish(raw: Path, final: Path, config, capture, reason, opts, model, quantiz
         session = StaticSession if opts.is_static else functools.partial(GraphSession, model_type=exported_type)
         weight_format = manifest.quantization["weight_format"] if not manifest.quantization["quant_mode"] else "int8"
         parts = None if opts.is_static else validation_parts(ov_model)  # whole, or in parts where it cannot fit
-        manifest.validation = validate_graph(ov_model, capture, weight_format, session_class=session, parts=parts,
-                                             model_type=exported_type)
+        outputs, run = graph_outputs(ov_model, capture, session_class=session, parts=parts, model_type=exported_type)
+        manifest.validation = judge_export(outputs, run, capture, weight_format)
+        # what it was judged against goes into the artifact, for validate() where it is deployed (proof/stored.py)
+        reference = Reference.from_capture(capture, None if manifest.validation["enforced"] else outputs)
     progress.stage("writing")
-    write_artifact(raw, final, {graph_xml: None if unchanged else ov_model}, manifest)
+    write_artifact(raw, final, {graph_xml: None if unchanged else ov_model}, manifest, reference=reference)
     return manifest
 
 
@@ -78,15 +82,17 @@ def exported_module(capture) -> dict:
             "exported_architecture": getattr(inner, "architecture", type(inner).__name__)}
 
 
-def write_artifact(raw: Path, final: Path, graphs: dict, manifest: Manifest) -> None:
+def write_artifact(raw: Path, final: Path, graphs: dict, manifest: Manifest, *, reference: Reference | None = None) -> None:
     """Write the artifact into `final`: every file optimum-intel wrote into `raw`, the `graphs` (name ->
     `openvino.Model`, or None to read it from `raw`) with the manifest under `shared_graph` in their
-    rt_info, the sha256 of every graph file (remembered in this machine's cache of verified files), and
-    `shared_graph.json`."""
+    rt_info, the validation's `reference` (its sha256 under `validation.reference`), the sha256 of every
+    graph file (remembered in this machine's cache of verified files), and `shared_graph.json`."""
     import openvino as ov
 
     graph_files = {n for name in graphs for n in (name, name[: -len(".xml")] + ".bin")}
     final.mkdir()
+    if reference is not None:
+        manifest.validation["reference"] = reference.save(final)
     for item in raw.iterdir():
         if item.name not in graph_files:
             shutil.move(str(item), final / item.name)

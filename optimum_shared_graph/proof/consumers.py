@@ -1,0 +1,167 @@
+"""The stored calls run through each OpenVINO consumer of an artifact.
+
+Teacher-forced consumers (each call's last-position logits, the reference's tokens fed):
+
+- `openvino`: the graph compiled by OpenVINO Runtime on the device, fed call by call as the export's
+  validation feeds it (`runtimes/session.py`, or the static session for a static artifact);
+- `optimum`: optimum-intel's `OVModelForCausalLM` (dynamic artifacts), through its `generate()`;
+- `runtime`: `optimum_shared_graph.runtime()`, dynamic and static artifacts, through its `generate()`.
+
+Greedy consumers (their tokens, from the stored prompt):
+
+- `genai`: OpenVINO GenAI's `LLMPipeline` (on `"NPU"`, its NPU pipeline);
+- `continuous-batching`: OpenVINO GenAI's `ContinuousBatchingPipeline`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import ArtifactValidationError
+from ..manifest import Manifest
+from .stored import Reference
+
+TEACHER_FORCED = ("openvino", "optimum", "runtime")
+GREEDY = ("genai", "continuous-batching")
+CONSUMERS = TEACHER_FORCED + GREEDY
+DYNAMIC_ONLY = ("optimum", "genai", "continuous-batching")
+
+
+def run(consumer: str, path: Path, manifest: Manifest, reference: Reference, device: str, properties: dict) -> tuple[list, dict]:
+    """Run the stored calls through `consumer`; return its outputs (logits per call, or tokens per row) and the
+    precision it computed in (`{"inference": ..., "kv_cache": ...}` as far as it can be read, for the rule)."""
+    return _RUNNERS[consumer](path, manifest, reference, device, properties)
+
+
+def _teacher_forced_calls(reference: Reference):
+    yield reference.prompt_ids, reference.prompt_mask
+    for i in range(reference.fed.shape[1] - 1):
+        yield reference.fed[:, i : i + 1], None
+
+
+def _compiled_precision(compiled) -> dict:
+    found = {}
+    for key, name in (("INFERENCE_PRECISION_HINT", "inference"), ("KV_CACHE_PRECISION", "kv_cache")):
+        try:
+            value = compiled.get_property(key)
+            found[name] = value.to_string() if hasattr(value, "to_string") else str(value)
+        except Exception:  # a device without the property
+            found[name] = None
+    return found
+
+
+def _openvino(path: Path, manifest: Manifest, reference: Reference, device: str, properties: dict):
+    import openvino as ov
+
+    from ..runtimes.session import GraphSession
+    from ..runtimes.static_session import StaticSession
+
+    graph = (manifest.graph or {}).get("files")[0]
+    compiled = ov.Core().compile_model(str(path / graph), device, properties)
+    if manifest.shape_mode == "static":
+        session = StaticSession(compiled)
+    else:
+        session = GraphSession(compiled, model_type=(manifest.model or {}).get("exported_model_type")
+                               or (manifest.model or {}).get("model_type"))
+    session.reset()
+    outputs = [session.step(ids, mask)[:, -1, :].astype(np.float32) for ids, mask in _teacher_forced_calls(reference)]
+    return outputs, _compiled_precision(compiled)
+
+
+def _forced_generate(model, reference: Reference) -> list[np.ndarray]:
+    """`generate()` with every pick forced to the reference's fed token; the raw logits of each call."""
+    import torch
+    from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList
+
+    fed = torch.from_numpy(reference.fed)
+
+    class Force(LogitsProcessor):
+        def __call__(self, input_ids, scores):
+            step = input_ids.shape[1] - reference.prompt_ids.shape[1]
+            forced = torch.full_like(scores, float("-inf"))
+            forced.scatter_(1, fed[:, step : step + 1], 0.0)
+            return forced
+
+    calls = reference.fed.shape[1]
+    config = GenerationConfig(do_sample=False, max_new_tokens=calls, min_new_tokens=calls, num_beams=1,
+                              output_logits=True, return_dict_in_generate=True, pad_token_id=0)
+    out = model.generate(input_ids=torch.from_numpy(reference.prompt_ids), attention_mask=torch.from_numpy(reference.prompt_mask),
+                         generation_config=config, logits_processor=LogitsProcessorList([Force()]))
+    return [logits.float().numpy() for logits in out.logits]
+
+
+def _optimum(path: Path, manifest: Manifest, reference: Reference, device: str, properties: dict):
+    from optimum.intel import OVModelForCausalLM
+
+    model = OVModelForCausalLM.from_pretrained(str(path), device=device, ov_config=dict(properties), compile=True)
+    outputs = _forced_generate(model, reference)
+    return outputs, _compiled_precision(model.request.get_compiled_model())
+
+
+def _runtime(path: Path, manifest: Manifest, reference: Reference, device: str, properties: dict):
+    from ..runtimes.registry import runtime
+
+    model = runtime(path, device, ov_config=dict(properties))
+    outputs = _forced_generate(model, reference)
+    model.compile()
+    return outputs, _compiled_precision(model._compiled)
+
+
+def _genai_inputs(reference: Reference):
+    import openvino as ov
+    import openvino_genai as genai
+
+    for row in range(reference.prompt_ids.shape[0]):
+        keep = reference.prompt_mask[row] != 0
+        ids = reference.prompt_ids[row][keep][None, :]
+        yield genai.TokenizedInputs(ov.Tensor(ids), ov.Tensor(np.ones_like(ids)))
+
+
+def _greedy_config(reference: Reference):
+    import openvino_genai as genai
+
+    config = genai.GenerationConfig()
+    config.max_new_tokens = reference.fed.shape[1]
+    config.ignore_eos = True  # the reference's calls run past an EOS pick (min_new_tokens) as generate() did
+    config.do_sample = False
+    return config
+
+
+def _reduced_unless_f32(properties: dict) -> dict:
+    """GenAI's pipelines do not report their compiled precision: f32 only when both properties ask for it."""
+    return {"inference": str(properties.get("INFERENCE_PRECISION_HINT", "")) or None,
+            "kv_cache": str(properties.get("KV_CACHE_PRECISION", "")) or None}
+
+
+def _genai(path: Path, manifest: Manifest, reference: Reference, device: str, properties: dict):
+    import openvino_genai as genai
+
+    pipe = genai.LLMPipeline(str(path), device, **properties)
+    config = _greedy_config(reference)
+    tokens = [list(pipe.generate(inputs, config).tokens[0]) for inputs in _genai_inputs(reference)]
+    return tokens, _reduced_unless_f32(properties)
+
+
+def _continuous_batching(path: Path, manifest: Manifest, reference: Reference, device: str, properties: dict):
+    import openvino_genai as genai
+
+    scheduler = genai.SchedulerConfig()
+    scheduler.cache_size = 1  # GB of KV cache blocks: the reference's few calls need far less
+    pipe = genai.ContinuousBatchingPipeline(str(path), scheduler, device, dict(properties))
+    inputs = [t.input_ids for t in _genai_inputs(reference)]
+    results = pipe.generate(inputs, [_greedy_config(reference)] * len(inputs))
+    return [list(r.m_generation_ids[0]) for r in results], _reduced_unless_f32(properties)
+
+
+_RUNNERS = {"openvino": _openvino, "optimum": _optimum, "runtime": _runtime, "genai": _genai,
+            "continuous-batching": _continuous_batching}
+
+
+def check_consumer(consumer: str, manifest: Manifest, path: Path) -> None:
+    if consumer not in _RUNNERS:
+        raise ArtifactValidationError(f"unknown consumer {consumer!r}: choose one of {', '.join(CONSUMERS)}")
+    if manifest.shape_mode == "static" and consumer in DYNAMIC_ONLY:
+        raise ArtifactValidationError(
+            f"{path} is a static artifact, which {consumer} cannot load: validate it with consumer 'runtime' or 'openvino'")

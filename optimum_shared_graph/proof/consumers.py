@@ -30,8 +30,8 @@ DYNAMIC_ONLY = ("optimum", "genai", "continuous-batching")
 
 
 def run(consumer: str, path: Path, manifest: Manifest, reference: Reference, device: str, properties: dict) -> tuple[list, dict]:
-    """Run the stored calls through `consumer`; return its outputs (logits per call, or tokens per row) and the
-    precision it computed in (`{"inference": ..., "kv_cache": ...}` as far as it can be read, for the rule)."""
+    """Run the stored calls through `consumer`; return its outputs (logits per call; for a greedy consumer, a
+    `generate(row, start)` function as `judge.judge_tokens` calls it) and the precision it computed in (`{"inference": ..., "kv_cache": ...}` as far as it can be read, for the rule)."""
     return _RUNNERS[consumer](path, manifest, reference, device, properties)
 
 
@@ -109,28 +109,29 @@ def _runtime(path: Path, manifest: Manifest, reference: Reference, device: str, 
     return outputs, _compiled_precision(model._compiled)
 
 
-def _genai_inputs(reference: Reference):
+def _genai_input(reference: Reference, row: int, start: int):
+    """The stored prompt of `row` (its padding dropped) followed by the first `start` fed tokens."""
     import openvino as ov
     import openvino_genai as genai
 
-    for row in range(reference.prompt_ids.shape[0]):
-        keep = reference.prompt_mask[row] != 0
-        ids = reference.prompt_ids[row][keep][None, :]
-        yield genai.TokenizedInputs(ov.Tensor(ids), ov.Tensor(np.ones_like(ids)))
+    keep = reference.prompt_mask[row] != 0
+    ids = np.concatenate([reference.prompt_ids[row][keep], reference.fed[row, :start]])[None, :].astype(np.int64)
+    return genai.TokenizedInputs(ov.Tensor(ids), ov.Tensor(np.ones_like(ids)))
 
 
-def _greedy_config(reference: Reference):
+def _greedy_config(new_tokens: int):
     import openvino_genai as genai
 
     config = genai.GenerationConfig()
-    config.max_new_tokens = reference.fed.shape[1]
+    config.max_new_tokens = new_tokens
     config.ignore_eos = True  # the reference's calls run past an EOS pick (min_new_tokens) as generate() did
     config.do_sample = False
     return config
 
 
 def _reduced_unless_f32(properties: dict) -> dict:
-    """GenAI's pipelines do not report their compiled precision: f32 only when both properties ask for it."""
+    """GenAI's pipelines do not report their compiled precision: what the properties ask for (None: the
+    artifact's runtime options or the device's defaults, judged by the 16-bit rule)."""
     return {"inference": str(properties.get("INFERENCE_PRECISION_HINT", "")) or None,
             "kv_cache": str(properties.get("KV_CACHE_PRECISION", "")) or None}
 
@@ -139,9 +140,12 @@ def _genai(path: Path, manifest: Manifest, reference: Reference, device: str, pr
     import openvino_genai as genai
 
     pipe = genai.LLMPipeline(str(path), device, **properties)
-    config = _greedy_config(reference)
-    tokens = [list(pipe.generate(inputs, config).tokens[0]) for inputs in _genai_inputs(reference)]
-    return tokens, _reduced_unless_f32(properties)
+    calls = reference.fed.shape[1]
+
+    def generate(row: int, start: int) -> list[int]:
+        return list(pipe.generate(_genai_input(reference, row, start), _greedy_config(calls - start)).tokens[0])
+
+    return generate, _reduced_unless_f32(properties)
 
 
 def _continuous_batching(path: Path, manifest: Manifest, reference: Reference, device: str, properties: dict):
@@ -150,9 +154,13 @@ def _continuous_batching(path: Path, manifest: Manifest, reference: Reference, d
     scheduler = genai.SchedulerConfig()
     scheduler.cache_size = 1  # GB of KV cache blocks: the reference's few calls need far less
     pipe = genai.ContinuousBatchingPipeline(str(path), scheduler, device, dict(properties))
-    inputs = [t.input_ids for t in _genai_inputs(reference)]
-    results = pipe.generate(inputs, [_greedy_config(reference)] * len(inputs))
-    return [list(r.m_generation_ids[0]) for r in results], _reduced_unless_f32(properties)
+    calls = reference.fed.shape[1]
+
+    def generate(row: int, start: int) -> list[int]:
+        result = pipe.generate([_genai_input(reference, row, start).input_ids], [_greedy_config(calls - start)])
+        return list(result[0].m_generation_ids[0])
+
+    return generate, _reduced_unless_f32(properties)
 
 
 _RUNNERS = {"openvino": _openvino, "optimum": _optimum, "runtime": _runtime, "genai": _genai,

@@ -6,9 +6,9 @@ within the tolerance, and the graph's argmax must equal the reference's wherever
 margin is above the tolerance (below it, rounding decides the pick: a near-tie, reported, not a failure).
 
 Tokens (a consumer that only returns its greedy tokens, OpenVINO GenAI's pipelines): token i is compared with
-the reference's argmax of call i as long as the consumer's tokens before it are the ones the reference was fed;
-a difference is judged by the reference's margin there, and nothing after it can be compared (the contexts
-differ from then on).
+the reference's argmax of call i while the consumer's tokens before it are the ones the reference was fed; a
+difference is judged by the reference's margin there, and after a near-tie the consumer is restarted from the
+reference's context, so every call is compared.
 """
 
 from __future__ import annotations
@@ -95,36 +95,50 @@ def judge_logits(outputs: list[np.ndarray], reference: list[np.ndarray], toleran
     return report, None
 
 
-def judge_tokens(tokens: list[list[int]], reference: list[np.ndarray], fed: np.ndarray,
-                 tolerance: float | None) -> tuple[dict, str | None]:
-    """Judge a consumer's greedy tokens (one list per batch row, from the stored prompt) against the reference.
+def judge_tokens(generate, reference: list[np.ndarray], fed: np.ndarray, tolerance: float | None) -> tuple[dict, str | None]:
+    """Judge a consumer's greedy tokens against the reference.
 
-    `reference[i]` is the reference's last-position logits of call i (`[batch, vocab]`) and `fed[:, i]` the
-    token the reference fed after it. Token i is comparable while the consumer's tokens before it equal the fed
-    ones: a consumer picks the raw argmax, the reference's feed is `generate()`'s pick (which its logits
-    processors can change), and after either kind of divergence the contexts differ.
+    `generate(row, start)` returns the consumer's greedy tokens for batch row `row` from the stored prompt
+    followed by the first `start` tokens the reference was fed (`fed[row, :start]`); `reference[i]` is the
+    reference's last-position logits of call i (`[batch, vocab]`). Token i is compared with the reference's
+    argmax of call i while the consumer's context is the reference's: a consumer picks the raw argmax, the
+    reference fed `generate()`'s pick (which logits processors can change), and after a near-tie the two
+    contexts differ. Then the consumer is restarted with the reference's context up to that point (its prompt
+    extended by the fed tokens), so every call is compared, most of them as decode steps.
     """
-    differing, compared = [], []
-    for row, got in enumerate(tokens):
-        count = 0
-        for step, ref in enumerate(reference):
-            expected = int(ref[row].argmax())
-            if step >= len(got):  # the consumer stopped early
-                differing.append({"row": row, "step": step, "expected": expected, "got": None,
-                                  "margin": margin(ref[row]), "near_tie": False})
-                break
-            count += 1
-            if int(got[step]) != expected:
-                m = margin(ref[row])
-                differing.append({"row": row, "step": step, "expected": expected, "got": int(got[step]),
-                                  "margin": m, "near_tie": bool(tolerance is not None and m <= tolerance)})
-                break
-            if step + 1 < len(reference) and int(got[step]) != int(fed[row, step]):
-                break  # the reference fed another token (a logits processor's pick): nothing more to compare
+    calls = len(reference)
+    differing, compared, restarts = [], [], []
+    failed = False
+    for row in range(fed.shape[0]):
+        step, count, again = 0, 0, -1
+        while step < calls and not failed:
+            got, start, again = list(generate(row, step)), step, again + 1
+            step = calls  # unless the contexts part below
+            for s in range(start, calls):
+                expected = int(reference[s][row].argmax())
+                if s - start >= len(got):  # the consumer stopped early
+                    differing.append({"row": row, "step": s, "expected": expected, "got": None,
+                                      "margin": margin(reference[s][row]), "near_tie": False})
+                    failed = True
+                    break
+                count, token = count + 1, int(got[s - start])
+                if token != expected:
+                    m = margin(reference[s][row])
+                    near = bool(tolerance is not None and m <= tolerance)
+                    differing.append({"row": row, "step": s, "expected": expected, "got": token, "margin": m,
+                                      "near_tie": near})
+                    failed = tolerance is not None and not near
+                    step = s + 1
+                    break
+                if s + 1 < calls and token != int(fed[row, s]):  # the reference fed another token: restart there
+                    step = s + 1
+                    break
         compared.append(count)
+        restarts.append(again)
     report = {
-        "greedy_tokens": len(reference),
+        "greedy_tokens": calls,
         "compared_tokens": compared,
+        "restarts": restarts,
         "greedy_match": not differing,
         "first_mismatch_step": differing[0]["step"] if differing else None,
         "differing_steps": differing,
@@ -135,6 +149,6 @@ def judge_tokens(tokens: list[list[int]], reference: list[np.ndarray], fed: np.n
         return report, None
     d = flips[0]
     if d["got"] is None:
-        return report, f"the consumer stopped after {d['step']} tokens, the reference has {len(reference)}"
+        return report, f"the consumer stopped after {d['step']} tokens, the reference has {calls}"
     return report, (f"greedy token {d['step']} differs ({d['expected']} expected, {d['got']} got) where the "
                     f"reference's top-2 margin is {d['margin']:.3g}, above the tolerance {tolerance:.3g}")

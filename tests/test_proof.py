@@ -1,0 +1,214 @@
+"""`proof/`: the reference an export stores in its artifact, and `validate()` / `optimum-cli shared-graph
+validate`, which run it through every OpenVINO consumer on a device and judge it with the export's rules."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+
+from conftest import EXACT, QUANTIZABLE, error_line, run_cli
+
+import optimum_shared_graph as osg
+from optimum_shared_graph.manifest import MANIFEST_NAME, digest_graph_files, read_manifest
+from optimum_shared_graph.proof.stored import REFERENCE_NAME
+
+TASK = ["--task", "text-generation-shared"]
+# OpenVINO GenAI's NPU pipeline with its partitions on the CPU, as on a machine without an NPU.
+NPUW = {"NPU_USE_NPUW": "YES", "NPUW_DEVICES": "CPU"}
+
+
+@pytest.fixture(scope="module")
+def artifacts(tiny_model, tmp_path_factory):
+    """`artifacts(kind)` -> an artifact of the tiny llama: "dynamic", "static", "int8", "unchecked" (exported once)."""
+    flags = {"dynamic": [], "static": ["--shape-mode", "static", "--max-cache-len", "64"],
+             "int8": ["--weight-format", "int8"], "unchecked": ["--skip-validation"]}
+    made = {}
+
+    def get(kind: str):
+        if kind not in made:
+            out = tmp_path_factory.mktemp("proof") / kind
+            model = tiny_model("llama", **QUANTIZABLE) if kind == "int8" else tiny_model("llama")
+            run_cli("export", "openvino", "-m", str(model), *TASK, str(out), *flags[kind], check=True)
+            made[kind] = out
+        return made[kind]
+
+    return get
+
+
+def _copy(src, dst):
+    shutil.copytree(src, dst)
+    return dst
+
+
+# ------------------------------------------------------------------------------------------ the reference
+
+
+def test_the_export_stores_its_reference_hashed_in_the_manifest(artifacts):
+    out = artifacts("dynamic")
+    manifest = read_manifest(out)
+    record = manifest.validation["reference"]
+    assert record["file"] == REFERENCE_NAME and record["judged_against"] == "pytorch"
+    assert record["bytes"] == (out / REFERENCE_NAME).stat().st_size
+    with np.load(out / REFERENCE_NAME, allow_pickle=False) as data:
+        assert sorted(data.files) == ["fed", "logits", "prompt_ids", "prompt_mask"]
+        calls, batch, vocab = data["logits"].shape
+        assert calls == manifest.validation["greedy_tokens"] == record["calls"] and batch == 1
+        assert data["logits"].dtype == np.float32 and data["fed"].shape == (1, calls)
+        assert data["prompt_ids"].shape[1] == manifest.validation["prompt_tokens"]
+    # no weights in it: the logits of each call, a few ids, and the npz's own framing
+    assert record["bytes"] <= calls * vocab * 4 + 8192
+    # the rt_info carries the record too (the manifest facts), the graph files' digests are unchanged by it
+    assert json.loads(read_manifest(out).rt_info()["validation"])["reference"]["sha256"] == record["sha256"]
+
+
+def test_a_quantized_export_stores_the_graphs_own_logits(artifacts):
+    """int8 weights: the export records their difference from PyTorch; the stored reference is what the graph
+    computed on the export machine, so a device is judged on its arithmetic, not on the quantization."""
+    out = artifacts("int8")
+    manifest = read_manifest(out)
+    assert manifest.validation["status"] == "recorded"
+    assert manifest.validation["reference"]["judged_against"] == "graph"
+    report = osg.validate(out, "openvino", "CPU", EXACT)
+    assert report["status"] == "passed" and report["judged_against"] == "graph"
+    assert report["max_abs_diff_decode"] < 1e-4  # the same graph, the same arithmetic
+
+
+# --------------------------------------------------------------------------------- every consumer passes
+
+CONSUMERS = [
+    ("openvino", "CPU", EXACT),
+    ("openvino", "CPU", {}),  # the artifact's runtime options: an f16 KV cache, judged by the 16-bit rule
+    ("optimum", "CPU", EXACT),
+    ("runtime", "CPU", {}),
+    ("genai", "CPU", {}),
+    ("genai", "NPU", NPUW),
+    ("continuous-batching", "CPU", {}),
+]
+
+
+@pytest.mark.parametrize("consumer,device,properties", CONSUMERS, ids=lambda v: v if isinstance(v, str) else
+                         ",".join(f"{k}={x}" for k, x in v.items()) or "defaults")
+def test_a_fresh_export_passes_through_every_consumer(artifacts, consumer, device, properties):
+    report = osg.validate(artifacts("dynamic"), consumer=consumer, device=device, properties=properties)
+    assert report["status"] == "passed" and report["greedy_match"], report
+    assert report["consumer"] == consumer and report["device"] == device
+    if consumer in ("genai", "continuous-batching"):
+        assert report["compared_tokens"] == [report["greedy_tokens"]]  # every stored call compared
+    else:
+        assert report["max_abs_diff_decode"] <= report["tolerance"]
+    if properties == EXACT:
+        assert report["rule"] == "fp32" and report["precision"] == {"inference": "f32", "kv_cache": "f32"}
+        assert report["max_abs_diff_decode"] < 1e-4
+
+
+def test_the_static_artifact_passes_through_runtime_and_openvino(artifacts):
+    out = artifacts("static")
+    assert read_manifest(out).validation["reference"]["calls"] >= 4
+    for consumer in ("runtime", "openvino"):
+        report = osg.validate(out, consumer=consumer, properties=EXACT)
+        assert report["status"] == "passed" and report["rule"] == "fp32", report
+
+
+# ------------------------------------------------------------------------------------------ it can fail
+
+
+def _break_decode(artifact, tmp_path):
+    """A copy of `artifact` whose graph negates the logits of every one-token call (a broken decode), with the
+    manifest's digests updated to the new graph, as if a wrong graph had been exported into the directory."""
+    import openvino as ov
+    import openvino.opset13 as ops
+
+    out = _copy(artifact, tmp_path / "broken")
+    core = ov.Core()
+    graph = core.read_model(out / "openvino_model.xml")
+    result = next(r for r in graph.get_results() if "logits" in r.output(0).get_names())
+    logits = result.input(0).get_source_output()
+    ids = next(p for p in graph.inputs if p.get_any_name() == "input_ids")
+    length = ops.gather(ops.shape_of(ids.get_node().output(0)), ops.constant([1]), ops.constant(0))
+    one = ops.equal(length, ops.constant(np.array([1], np.int64)))
+    result.input(0).replace_source_output(ops.select(one, ops.negative(logits), logits).output(0))
+    graph.validate_nodes_and_infer_types()
+    ov.save_model(graph, tmp_path / "broken.xml", compress_to_fp16=False)  # not over the .bin it maps
+    del graph
+    for suffix in (".xml", ".bin"):
+        shutil.move(tmp_path / f"broken{suffix}", out / f"openvino_model{suffix}")
+    manifest = json.loads((out / MANIFEST_NAME).read_text())
+    manifest["files"], manifest["files_xxh3_128"] = digest_graph_files(out, sorted(manifest["files"]))
+    (out / MANIFEST_NAME).write_text(json.dumps(manifest))
+    return out
+
+
+def test_a_broken_decode_graph_fails_with_one_line(artifacts, tmp_path):
+    broken = _break_decode(artifacts("dynamic"), tmp_path)
+    with pytest.raises(osg.ArtifactValidationError, match="greedy token 1 differs") as info:
+        osg.validate(broken, "openvino", "CPU", EXACT)
+    assert info.value.report["differing_steps"][0]["step"] == 1 and info.value.report["max_abs_diff_prefill"] < 1e-4
+    proc = run_cli("shared-graph", "validate", str(broken), "--consumer", "genai")
+    assert proc.returncode != 0
+    line = error_line(proc)  # after step 1's near-tie GenAI is restarted from the reference's context: a clear flip
+    assert line.startswith("error: validation failed: genai on CPU does not reproduce PyTorch: greedy token ")
+    assert "above the tolerance" in line
+
+
+def test_a_kv_cache_too_coarse_fails(artifacts):
+    """A 4-bit KV cache changes this model's results beyond the 16-bit rule's tolerance: a clear greedy flip."""
+    with pytest.raises(osg.ArtifactValidationError, match="differs .* above the tolerance") as info:
+        osg.validate(artifacts("dynamic"), "openvino", "CPU", {"KV_CACHE_PRECISION": "u4"})
+    assert info.value.report["precision"]["kv_cache"] == "u4" and info.value.report["rule"] == "fp16"
+
+
+# ------------------------------------------------------------------------------------ refusals, one line
+
+
+def test_an_artifact_without_a_reference_is_refused(artifacts, tmp_path):
+    proc = run_cli("shared-graph", "validate", str(artifacts("unchecked")))
+    assert proc.returncode != 0
+    assert "has no stored reference" in error_line(proc) and "re-export" in error_line(proc)
+    # one made before the reference existed: the manifest has no record of it
+    old = _copy(artifacts("dynamic"), tmp_path / "old")
+    manifest = json.loads((old / MANIFEST_NAME).read_text())
+    del manifest["validation"]["reference"]
+    (old / MANIFEST_NAME).write_text(json.dumps(manifest))
+    (old / REFERENCE_NAME).unlink()
+    with pytest.raises(osg.ArtifactValidationError, match="has no stored reference"):
+        osg.validate(old)
+
+
+def test_a_changed_or_missing_reference_is_refused(artifacts, tmp_path):
+    changed = _copy(artifacts("dynamic"), tmp_path / "changed")
+    with np.load(changed / REFERENCE_NAME) as data:
+        arrays = dict(data)
+    arrays["logits"][0, 0, 0] += 1.0
+    np.savez_compressed(changed / REFERENCE_NAME, **arrays)
+    with pytest.raises(osg.ArtifactValidationError, match="does not match the sha256"):
+        osg.validate(changed)
+    (changed / REFERENCE_NAME).unlink()
+    with pytest.raises(osg.ArtifactValidationError, match="lacks its stored reference"):
+        osg.validate(changed)
+
+
+@pytest.mark.parametrize("args,expected", [
+    (["--consumer", "genai"], "is a static artifact, which genai cannot load"),
+    (["-p", "INFERENCE_PRECISION_HINT"], "is not KEY=VALUE"),
+    (["--device", "NO_SUCH_DEVICE"], "openvino on NO_SUCH_DEVICE could not run"),
+])
+def test_bad_requests_get_one_line(artifacts, args, expected):
+    proc = run_cli("shared-graph", "validate", str(artifacts("static")), *args)
+    assert proc.returncode != 0 and expected in error_line(proc)
+
+
+def test_the_command_prints_the_report_and_changes_nothing(artifacts):
+    from conftest import tree_snapshot
+
+    out = artifacts("dynamic")
+    before = tree_snapshot(out)
+    proc = run_cli("shared-graph", "validate", str(out), "--consumer", "optimum", "-p", "INFERENCE_PRECISION_HINT=f32",
+                   "-p", "KV_CACHE_PRECISION=f32", "--json", check=True)
+    report = json.loads(proc.stdout)
+    assert report["status"] == "passed" and report["rule"] == "fp32"
+    assert report["properties"] == EXACT
+    assert "reproduces PyTorch through optimum on CPU" in proc.stderr.splitlines()[-1]
+    assert tree_snapshot(out) == before

@@ -189,10 +189,9 @@ def plan_validation(model: str, config, opts, weight_format: str | None):
     `validation_new_tokens` set."""
     import dataclasses
 
-    if opts.skip_validation:
-        return opts if opts.validation_new_tokens is not None else dataclasses.replace(opts, validation_new_tokens=16)
     memory = available_memory()
-    check_fits(config, weight_format, memory)
+    if not opts.skip_validation:  # an unchecked export still captures generate() (to decompose it), never compiles
+        check_fits(config, weight_format, memory)
     if opts.validation_new_tokens is not None:
         return opts
     return dataclasses.replace(opts, validation_new_tokens=captured_tokens(checkpoint_bytes(model), memory))

@@ -4,7 +4,7 @@ Each page's code blocks run in order in a fresh directory holding `./my-model` (
 llama with a local tokenizer) and `./calibration.txt` (a few lines of text, the local calibration
 dataset the quantization examples name): ```python blocks in one Python process per page, and the
 `optimum-cli export` and `optimum-cli shared-graph` commands of ```bash blocks (with their `\`-continued lines) as commands. Blocks that install packages or use
-upper-case placeholders (MODEL, OUT) are not runnable as written and are skipped.
+upper-case placeholders (MODEL, OUT, ARTIFACT) are not runnable as written and are skipped.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 _BLOCK = re.compile(r"```(python|bash)\n(.*?)```", re.S)
-_PLACEHOLDER = re.compile(r"\b(MODEL|OUT|MODEL_ID_OR_PATH)\b")
+_PLACEHOLDER = re.compile(r"\b(MODEL|OUT|MODEL_ID_OR_PATH|ARTIFACT)\b")
 
 
 def _runnable(page: Path):

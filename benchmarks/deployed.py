@@ -67,8 +67,8 @@ def measure(name: str, model: Path, out_root: Path, weight_format: str | None) -
         child = children.run_child([sys.executable, "-m", "optimum_shared_graph", "validate", str(artifact),
                                     "--consumer", consumer, "--device", device, *props, "--json"],
                                    log=out_root / f"{name}-{consumer}-{device}.log")
-        try:
-            report = child.json()
+        try:  # --json prints the report (indented) on stdout
+            report = json.loads(child.stdout[child.stdout.index("{"):])
         except ValueError:
             report = {}
         result["checks"].append({"label": label, "consumer": consumer, "device": device, "returncode": child.returncode,

@@ -5,18 +5,18 @@ import optimum_shared_graph
 
 def test_all():
     assert sorted(optimum_shared_graph.__all__) == sorted([
-        "TASK", "ArtifactWriteError", "DecompositionError", "ExportOptions", "ExportValidationError", "InvalidOptionsError", "Manifest",
+        "TASK", "ArtifactValidationError", "ArtifactWriteError", "DecompositionError", "ExportOptions", "ExportValidationError", "InvalidOptionsError", "Manifest",
         "ManifestError", "ModelNotSupportedError", "NotEnoughMemoryError", "RuntimeSelectionError", "SharedGraphError", "export",
-        "read_manifest", "register", "runtime", "supported_model_types",
+        "read_manifest", "register", "runtime", "supported_model_types", "validate",
     ])
 
 
 def test_error_tree():
-    from optimum_shared_graph import (ArtifactWriteError, DecompositionError, ExportValidationError, InvalidOptionsError,
+    from optimum_shared_graph import (ArtifactValidationError, ArtifactWriteError, DecompositionError, ExportValidationError, InvalidOptionsError,
                                       ManifestError, ModelNotSupportedError, NotEnoughMemoryError, RuntimeSelectionError,
                                       SharedGraphError)
 
-    for cls in (ArtifactWriteError, DecompositionError, ExportValidationError, InvalidOptionsError, ManifestError,
+    for cls in (ArtifactValidationError, ArtifactWriteError, DecompositionError, ExportValidationError, InvalidOptionsError, ManifestError,
                 ModelNotSupportedError, NotEnoughMemoryError, RuntimeSelectionError):
         assert issubclass(cls, SharedGraphError)
 

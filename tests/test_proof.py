@@ -212,3 +212,17 @@ def test_the_command_prints_the_report_and_changes_nothing(artifacts):
     assert report["properties"] == EXACT
     assert "reproduces PyTorch through optimum on CPU" in proc.stderr.splitlines()[-1]
     assert tree_snapshot(out) == before
+
+
+def test_the_module_entry_point_is_the_same_command(artifacts):
+    """`python -m optimum_shared_graph validate`, for installs without the optimum-cli hook (editable ones)."""
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-m", "optimum_shared_graph", "validate", str(artifacts("dynamic"))],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "reproduces PyTorch through openvino on CPU" in proc.stderr.splitlines()[-1]
+    proc = subprocess.run([sys.executable, "-m", "optimum_shared_graph", "validate", str(artifacts("unchecked"))],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 2 and "has no stored reference" in error_line(proc)

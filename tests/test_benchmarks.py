@@ -27,6 +27,7 @@ def test_help_lists_the_modes():
         assert flag in proc.stdout
 
 
+@pytest.mark.slow  # 78 s, the longest test of the default run: the benchmark's smoke test is `pytest -m slow`'s
 @pytest.mark.timeout(660)  # about a minute on an idle 2-core machine; generous for a shared one
 def test_quick_run_end_to_end(tmp_path):
     docs = tmp_path / "docs"

@@ -92,7 +92,11 @@ CONSUMERS = [
 @pytest.mark.parametrize("consumer,device,properties", CONSUMERS, ids=lambda v: v if isinstance(v, str) else
                          ",".join(f"{k}={x}" for k, x in v.items()) or "defaults")
 def test_a_fresh_export_passes_through_every_consumer(artifacts, consumer, device, properties):
+    from conftest import tree_snapshot
+
+    before = tree_snapshot(artifacts("dynamic"))
     report = osg.validate(artifacts("dynamic"), consumer=consumer, device=device, properties=properties)
+    assert tree_snapshot(artifacts("dynamic")) == before  # nothing written into the artifact, nothing changed
     assert report["status"] == "passed" and report["greedy_match"], report
     assert report["consumer"] == consumer and report["device"] == device
     if consumer in ("genai", "continuous-batching"):

@@ -16,3 +16,4 @@ def test_quickstart(tmp_path):
     assert "validation passed" in proc.stdout
     assert "greedy tokens identical to PyTorch: True" in proc.stdout
     assert "OpenVINO GenAI LLMPipeline loads it" in proc.stdout
+    assert "reproduces PyTorch through continuous-batching on CPU" in proc.stdout

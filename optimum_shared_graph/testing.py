@@ -153,7 +153,8 @@ _OVERRIDES: dict[str, dict[str, Any]] = {
     # hidden, routed experts of 0.5 x hidden (128, top 8 there; 16, top 4 here) with sigmoid routing, route_scale
     # 2.826 and 1 shared expert, muP input scaling. The window (8) is shorter than every check's prompt + new tokens.
     # AfmoePreTrainedModel._init_weights zeroes the router gate, so in a random-init model every expert scores 0.5
-    # (an exact tie PyTorch's topk and OpenVINO's TopK break differently; tests/test_architectures.py)
+    # (an exact tie PyTorch's topk and OpenVINO's TopK break differently; tests/test_architectures.py):
+    # build_tiny_model draws the gate as a trained router has it (`_ROUTER_GATES`)
     "afmoe": dict(num_hidden_layers=4, layer_types=["sliding_attention"] * 3 + ["full_attention"],
                   global_attn_every_n_layers=4, sliding_window=8, num_dense_layers=1, num_attention_heads=8,
                   num_key_value_heads=1, head_dim=16, intermediate_size=192, moe_intermediate_size=32,
@@ -279,6 +280,32 @@ _PUBLISHED_NAMES = {"qwen3_5": [("model.language_model.visual.", "model.visual."
                     "qwen3_5_moe": [("model.language_model.visual.", "model.visual.")]}
 
 
+# Router gates transformers initialises to zero, redrawn from N(0, initializer_range) by `build_tiny_model`:
+# model type -> the gate modules' attribute path under each decoder layer. afmoe: AfmoePreTrainedModel._init_weights
+# zeroes `mlp.router.gate`, so every expert scores sigmoid(0) = 0.5 for every token and the top-k is an exact tie,
+# which PyTorch's topk and OpenVINO's TopK break differently (two valid answers, two different outputs: the export's
+# check refused it on a max |dlogits| of 0.54, while the graph is PyTorch to 1.7e-06 once the tie is broken alike).
+# A trained router has no such tie, and neither has the tiny model once its gate is drawn like every projection.
+_ROUTER_GATES: dict[str, str] = {"afmoe": "mlp.router.gate"}
+
+
+def _draw_router_gates(model, model_type: str) -> None:
+    """Give `model`'s zero-initialised router gates (`_ROUTER_GATES`) N(0, initializer_range) weights."""
+    import torch
+
+    path = _ROUTER_GATES.get(model_type)
+    if path is None:
+        return
+    std = model.config.initializer_range
+    with torch.no_grad():
+        for layer in model.model.layers:
+            gate = layer
+            for name in path.split("."):
+                gate = getattr(gate, name, None)
+            if gate is not None:  # dense layers have no router
+                gate.weight.normal_(mean=0.0, std=std)
+
+
 def build_tokenizer(out_dir: str | Path) -> Any:
     """Train a small byte-level BPE tokenizer locally and save it as a `PreTrainedTokenizerFast`."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -345,6 +372,7 @@ def build_tiny_model(model_type: str, out_dir: str | Path, *, seed: int = 0, tok
     config = tiny_config(model_type, **overrides)
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+    _draw_router_gates(model, model_type)
     model.generation_config = GenerationConfig(bos_token_id=1, eos_token_id=2, pad_token_id=0)
     model.save_pretrained(str(out_dir))
     if tokenizer:

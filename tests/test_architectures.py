@@ -279,10 +279,31 @@ def test_optimum_intel_own_task_does_not_get_the_fix(tiny_model, tmp_path):
 
 
 # afmoe (Arcee's Trinity) needs no fix: optimum-intel's own AfmoeOpenVINOConfig exports it under transformers 5.5.
-# Its random-init model cannot be checked as it is: AfmoePreTrainedModel._init_weights zeroes every router gate, so
-# every expert scores sigmoid(0) = 0.5 for every token and the top-k is an exact tie, which PyTorch's topk and
+# transformers' own random init cannot be checked as it is: AfmoePreTrainedModel._init_weights zeroes every router gate,
+# so every expert scores sigmoid(0) = 0.5 for every token and the top-k is an exact tie, which PyTorch's topk and
 # OpenVINO's TopK break differently (the 0.54 / 0.77 logits differences the coverage sweep refused). A checkpoint's
-# trained router has no such tie; `_routed_afmoe` gives the tiny model one.
+# trained router has no such tie, and neither has `testing.build_tiny_model`'s afmoe (its router gates drawn from
+# N(0, initializer_range), `testing._ROUTER_GATES`); `_afmoe_as_transformers_inits_it` keeps the tie, for the tests
+# that show it.
+
+
+def _afmoe_as_transformers_inits_it(path=None):
+    """The tiny afmoe with transformers' own init (router gates zero), saved with a tokenizer at `path` if given."""
+    from transformers import AutoModelForCausalLM, GenerationConfig
+
+    from optimum_shared_graph.testing import build_tokenizer, tiny_config
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(tiny_config("afmoe"), dtype=torch.float32).eval()
+    if path is not None:
+        model.generation_config = GenerationConfig(bos_token_id=1, eos_token_id=2, pad_token_id=0)
+        model.save_pretrained(path)
+        build_tokenizer(path)
+    return model
+
+
+# A routing margin (sigmoid scores, k-th minus (k+1)-th) no fp32 rounding of the scores (~1e-7) can reverse.
+ROUTING_MARGIN = 1e-5
 
 
 def _router_margins(model, input_ids) -> list[float]:
@@ -328,40 +349,20 @@ def _ties_broken_by_lowest_expert():
         modeling_afmoe.AfmoeTokenChoiceRouter.forward = original
 
 
-def _routed_afmoe(tiny_model, tmp_path):
-    """The tiny afmoe with a router that routes, as a trained one does: gate weights drawn from
-    N(0, initializer_range) like every other projection, and a small expert bias (the load-balancing bias)."""
-    import shutil
-
-    from transformers import AutoModelForCausalLM
-
-    src = tiny_model("afmoe")
-    model = AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32).eval()
-    generator = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for layer in model.model.layers:
-            if layer.moe_enabled:
-                gate = layer.mlp.router.gate.weight
-                gate.copy_(torch.randn(gate.shape, generator=generator) * model.config.initializer_range)
-                bias = layer.mlp.expert_bias
-                bias.copy_(torch.randn(bias.shape, generator=generator) * 0.01)
-    path = tmp_path / "afmoe-routed"
-    model.save_pretrained(path)
-    for name in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
-        if (src / name).exists():
-            shutil.copy(src / name, path / name)
-    return path
-
-
 def test_random_init_afmoe_routes_on_an_exact_tie(tiny_model):
-    """The random-init afmoe's routing is an exact tie at every token (margin 0.0), and PyTorch's logits depend on
-    how the tie is broken: the refusal of its export is the check's (an undefined top-k), not the graph's."""
+    """transformers' random-init afmoe routes on an exact tie at every token (margin 0.0), and PyTorch's logits
+    depend on how the tie is broken: the refusal of its export is the check's (an undefined top-k), not the graph's.
+    The tiny builder's afmoe (router gates drawn like a trained router's) has no tie."""
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(tiny_model("afmoe"), dtype=torch.float32).eval()
+    model = _afmoe_as_transformers_inits_it()
     assert model.config.num_experts == 16 and model.config.layer_types[-1] == "full_attention"
     ids = torch.arange(3, 33).unsqueeze(0)
     assert _router_margins(model, ids) == [0.0] * (model.config.num_hidden_layers - model.config.num_dense_layers)
+    routed = AutoModelForCausalLM.from_pretrained(tiny_model("afmoe"), dtype=torch.float32).eval()
+    # no tie: the smallest k-th vs (k+1)-th score gap over 30 tokens and 3 MoE layers is 9.2e-05, far above the fp32
+    # rounding of the sigmoid scores (~1e-7) that could make the graph rank two experts the other way
+    assert min(_router_margins(routed, ids)) > ROUTING_MARGIN
     with torch.no_grad():
         own = model(input_ids=ids).logits
         with _ties_broken_by_lowest_expert():
@@ -372,13 +373,14 @@ def test_random_init_afmoe_routes_on_an_exact_tie(tiny_model):
 @pytest.mark.coverage
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-def test_afmoe_graph_is_pytorch_with_the_tie_broken_alike(tiny_model, tmp_path):
-    """The random-init afmoe exported unchecked: its graph gives PyTorch's logits once PyTorch breaks the routing
-    tie as OpenVINO's TopK does (lowest expert index first), at prefill and at a decode step."""
+def test_afmoe_graph_is_pytorch_with_the_tie_broken_alike(tmp_path):
+    """transformers' random-init afmoe exported unchecked: its graph gives PyTorch's logits once PyTorch breaks the
+    routing tie as OpenVINO's TopK does (lowest expert index first), at prefill and at a decode step."""
     from optimum.intel import OVModelForCausalLM
     from transformers import AutoModelForCausalLM
 
-    path = tiny_model("afmoe")
+    path = tmp_path / "afmoe-tied"
+    _afmoe_as_transformers_inits_it(path)
     out = tmp_path / "unchecked"
     run_cli("export", "openvino", "-m", str(path), "--task", "text-generation-shared", "--skip-validation",
             "--disable-convert-tokenizer", str(out), check=True)
@@ -399,16 +401,17 @@ def test_afmoe_graph_is_pytorch_with_the_tie_broken_alike(tiny_model, tmp_path):
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_routed_afmoe_exports_with_optimum_intel_config_and_parity(tiny_model, tmp_path):
-    """With a router that routes, afmoe (sliding and full attention, muP, route_scale, a shared expert) exports with
-    optimum-intel's own config, validation passed, and greedy parity through OVModelForCausalLM and GenAI."""
+    """With a router that routes (the tiny builder's), afmoe (sliding and full attention, muP, route_scale, a shared
+    expert) exports with optimum-intel's own config, validation passed, and greedy parity through OVModelForCausalLM
+    and GenAI."""
     import openvino as ov
     import openvino_genai as ov_genai
     from optimum.intel import OVModelForCausalLM
     from transformers import AutoModelForCausalLM
 
-    path = _routed_afmoe(tiny_model, tmp_path)
+    path = tiny_model("afmoe")
     pt = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-    assert min(_router_margins(pt, torch.arange(3, 33).unsqueeze(0))) > 1e-4  # no tie left
+    assert min(_router_margins(pt, torch.arange(3, 33).unsqueeze(0))) > ROUTING_MARGIN  # no tie left
     assert architectures.fix_module("afmoe") is None
     out = tmp_path / "shared"
     run_cli("export", "openvino", "-m", str(path), "--task", "text-generation-shared", str(out), check=True)

@@ -566,7 +566,8 @@ def render(results: list[dict], *, seconds: float, versions: dict, python: str,
     fixed = [r["model_type"] for r in results if r["status"] == PASS and r.get("fixes")]
     if fixed:
         lines += ["", "Exported with one of this package's architecture fixes (`optimum_shared_graph/architectures/`: "
-                  "optimum-intel's own export config fails for them under the installed transformers; the fix is "
+                  "optimum-intel's own export config fails for them under the installed transformers, or its graph in "
+                  "GenAI's default PagedAttention backend; the fix is "
                   f"recorded in the manifest's `model.fixes`): {', '.join(fixed)}."]
     sdpa_only = [r["model_type"] for r in results if r["status"] == PASS and r.get("genai_sdpa_parity")]
     if sdpa_only:

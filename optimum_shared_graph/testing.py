@@ -45,6 +45,25 @@ _MLA = dict(
 _MLA_YARN = dict(rope_type="yarn", rope_theta=10000.0, factor=4.0, original_max_position_embeddings=128,
                  beta_fast=32.0, beta_slow=1.0)
 
+# The decoder-only (`*ForCausalLM`) form of the sequence-to-sequence families (bart, mbart, marian, pegasus,
+# blenderbot, blenderbot-small, bigbird_pegasus). Their configs map num_attention_heads / num_hidden_layers /
+# hidden_size to the encoder's (encoder_attention_heads, encoder_layers, d_model): the `_TINY` names would size the
+# encoder only and leave the decoder, the part a causal LM is, at the class defaults (16 heads, 12 layers, 4096
+# wide). So the decoder is sized by its own keys; every released checkpoint below has as many heads in the decoder
+# as in the encoder (the dummy cache optimum-intel traces with is sized from the encoder's count). The FFN is 4 x
+# d_model as in the releases; init_std is what these models initialise with (0.02 there, 0.1 here, for decisive
+# logits). The releases tie the LM head to the embeddings; here it is untied, as `_TINY` has it: with a tied head
+# and embeddings scaled by sqrt(d_model), a random-init model's last hidden state is dominated by its input token's
+# embedding and greedy decoding repeats the prompt's last token (318 318 318 ...), which decides nothing.
+# normalize_before, add_final_layer_norm,
+# normalize_embedding, static_position_embeddings and layernorm_variant are keys the released config.json files
+# carry (fairseq's names for what each class hard-codes: pre- or post-norm, a final norm, sinusoidal positions);
+# transformers keeps them as plain attributes, and they stay here as there.
+_SEQ2SEQ = dict(d_model=64, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4, decoder_attention_heads=4,
+                encoder_ffn_dim=256, decoder_ffn_dim=256, init_std=0.1, tie_word_embeddings=False)
+_SEQ2SEQ_GENERIC = ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim",
+                    "intermediate_size", "initializer_range")
+
 # Per-architecture names for the same sizes, where a config does not map them itself.
 _OVERRIDES: dict[str, dict[str, Any]] = {
     "gpt2": dict(n_embd=64, n_layer=2, n_head=4, n_inner=128, n_positions=512),
@@ -134,11 +153,51 @@ _OVERRIDES: dict[str, dict[str, Any]] = {
     # hidden, routed experts of 0.5 x hidden (128, top 8 there; 16, top 4 here) with sigmoid routing, route_scale
     # 2.826 and 1 shared expert, muP input scaling. The window (8) is shorter than every check's prompt + new tokens.
     # AfmoePreTrainedModel._init_weights zeroes the router gate, so in a random-init model every expert scores 0.5
-    # (an exact tie PyTorch's topk and OpenVINO's TopK break differently; tests/test_architectures.py)
+    # (an exact tie PyTorch's topk and OpenVINO's TopK break differently; tests/test_architectures.py):
+    # build_tiny_model draws the gate as a trained router has it (`_ROUTER_GATES`)
     "afmoe": dict(num_hidden_layers=4, layer_types=["sliding_attention"] * 3 + ["full_attention"],
                   global_attn_every_n_layers=4, sliding_window=8, num_dense_layers=1, num_attention_heads=8,
                   num_key_value_heads=1, head_dim=16, intermediate_size=192, moe_intermediate_size=32,
                   num_experts=16, num_experts_per_tok=4, num_shared_experts=1, route_scale=2.826, mup_enabled=True),
+    # facebook/bart-large: post-norm with a norm on the embeddings, learned positions (offset 2), gelu, no embedding
+    # scale (12 + 12 layers of 1024, 16 heads there)
+    "bart": dict(_SEQ2SEQ, activation_function="gelu", scale_embedding=False, max_position_embeddings=1024,
+                 normalize_before=False, add_final_layer_norm=False, normalize_embedding=True,
+                 static_position_embeddings=False),
+    # facebook/mbart-large-cc25: pre-norm with a final norm, learned positions, embeddings scaled by sqrt(d_model)
+    "mbart": dict(_SEQ2SEQ, activation_function="gelu", scale_embedding=True, max_position_embeddings=1024,
+                  normalize_before=True, add_final_layer_norm=True, normalize_embedding=True,
+                  static_position_embeddings=False),
+    # Helsinki-NLP/opus-mt-en-de: post-norm, no embedding norm, sinusoidal positions, swish, scaled embeddings, one
+    # vocabulary shared by encoder and decoder (6 + 6 layers of 512, 8 heads there)
+    "marian": dict(_SEQ2SEQ, activation_function="swish", scale_embedding=True, max_position_embeddings=512,
+                   normalize_before=False, add_final_layer_norm=False, normalize_embedding=False,
+                   static_position_embeddings=True, share_encoder_decoder_embeddings=True,
+                   decoder_vocab_size=TINY_VOCAB),
+    # google/pegasus-large: pre-norm with a final norm, sinusoidal positions, relu, scaled embeddings (16 + 16 layers)
+    "pegasus": dict(_SEQ2SEQ, activation_function="relu", scale_embedding=True, max_position_embeddings=1024,
+                    normalize_before=True, add_final_layer_norm=True, normalize_embedding=False,
+                    static_position_embeddings=True),
+    # facebook/blenderbot-400M-distill: pre-norm with a final norm, learned positions capped at 128, gelu, scaled
+    # embeddings (1280 wide, 32 heads there). Its decoder is deeper than its encoder (2 encoder, 12 decoder layers),
+    # which transformers 5.5's own BlenderbotForCausalLM.generate() cannot run: DynamicCache(config=...) makes one
+    # cache layer per num_hidden_layers, which these configs map to encoder_layers, so decoder layer 2 finds no cache
+    # layer (IndexError in Cache.update). The export's reference is PyTorch's generate(), so the tiny decoder is no
+    # deeper than its encoder (2 and 2); a checkpoint shaped like the release falls back (pipeline/fallback.py).
+    "blenderbot": dict(_SEQ2SEQ, activation_function="gelu", scale_embedding=True,
+                       max_position_embeddings=128, normalize_before=True, add_final_layer_norm=True,
+                       static_position_embeddings=False, layernorm_variant="prelayernorm"),
+    # facebook/blenderbot_small-90M: post-norm with a norm on the embeddings, learned positions, gelu, scaled
+    # embeddings (8 + 8 layers of 512, 16 heads there)
+    "blenderbot-small": dict(_SEQ2SEQ, activation_function="gelu", scale_embedding=True, max_position_embeddings=512,
+                             normalize_before=False, add_final_layer_norm=False, normalize_embedding=True,
+                             static_position_embeddings=False),
+    # google/bigbird-pegasus-large-arxiv: pegasus with block-sparse attention in the encoder (blocks of 64, 3 random
+    # blocks; the decoder, all a causal LM has, attends fully), no bias in the attention projections, gelu_new,
+    # scaled embeddings, learned positions over 4096
+    "bigbird_pegasus": dict(_SEQ2SEQ, activation_function="gelu_new", scale_embedding=True,
+                            max_position_embeddings=4096, attention_type="block_sparse", block_size=64,
+                            num_random_blocks=3, use_bias=False),
     "codegen": dict(n_embd=64, n_layer=2, n_head=4, n_positions=512, rotary_dim=8),
     "gptj": dict(n_embd=64, n_layer=2, n_head=4, n_positions=512, rotary_dim=8),
     # shaped like Qwen/Qwen3-Next-80B-A3B-Instruct: 3 gated-delta-net (linear attention) layers then 1 gated
@@ -181,7 +240,12 @@ _OVERRIDES: dict[str, dict[str, Any]] = {
 
 # Keys a released configuration does not have, dropped from the tiny one (the `_TINY` sizes give every type an
 # intermediate_size): Qwen3_5MoeTextConfig defines none, and Qwen/Qwen3.5-35B-A3B's text_config has none.
-_ABSENT: dict[str, tuple[str, ...]] = {"qwen3_5_moe_text": ("intermediate_size",)}
+_ABSENT: dict[str, tuple[str, ...]] = {
+    "qwen3_5_moe_text": ("intermediate_size",),
+    # the sequence-to-sequence families: sized by their own encoder_* / decoder_* keys (see `_SEQ2SEQ`)
+    **{t: _SEQ2SEQ_GENERIC for t in ("bart", "mbart", "marian", "pegasus", "blenderbot", "blenderbot-small",
+                                     "bigbird_pegasus")},
+}
 
 # Families published as multimodal checkpoints only (a `*ForConditionalGeneration`, the language model's
 # configuration under `text_config`, a `vision_config` beside it): model type -> its text model type and a tiny
@@ -214,6 +278,32 @@ MULTIMODAL: dict[str, dict[str, Any]] = {
 # renaming applied in reverse); the published checkpoints name it `model.visual.*`, which 5.5 loads the same.
 _PUBLISHED_NAMES = {"qwen3_5": [("model.language_model.visual.", "model.visual.")],
                     "qwen3_5_moe": [("model.language_model.visual.", "model.visual.")]}
+
+
+# Router gates transformers initialises to zero, redrawn from N(0, initializer_range) by `build_tiny_model`:
+# model type -> the gate modules' attribute path under each decoder layer. afmoe: AfmoePreTrainedModel._init_weights
+# zeroes `mlp.router.gate`, so every expert scores sigmoid(0) = 0.5 for every token and the top-k is an exact tie,
+# which PyTorch's topk and OpenVINO's TopK break differently (two valid answers, two different outputs: the export's
+# check refused it on a max |dlogits| of 0.54, while the graph is PyTorch to 1.7e-06 once the tie is broken alike).
+# A trained router has no such tie, and neither has the tiny model once its gate is drawn like every projection.
+_ROUTER_GATES: dict[str, str] = {"afmoe": "mlp.router.gate"}
+
+
+def _draw_router_gates(model, model_type: str) -> None:
+    """Give `model`'s zero-initialised router gates (`_ROUTER_GATES`) N(0, initializer_range) weights."""
+    import torch
+
+    path = _ROUTER_GATES.get(model_type)
+    if path is None:
+        return
+    std = model.config.initializer_range
+    with torch.no_grad():
+        for layer in model.model.layers:
+            gate = layer
+            for name in path.split("."):
+                gate = getattr(gate, name, None)
+            if gate is not None:  # dense layers have no router
+                gate.weight.normal_(mean=0.0, std=std)
 
 
 def build_tokenizer(out_dir: str | Path) -> Any:
@@ -282,6 +372,7 @@ def build_tiny_model(model_type: str, out_dir: str | Path, *, seed: int = 0, tok
     config = tiny_config(model_type, **overrides)
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+    _draw_router_gates(model, model_type)
     model.generation_config = GenerationConfig(bos_token_id=1, eos_token_id=2, pad_token_id=0)
     model.save_pretrained(str(out_dir))
     if tokenizer:

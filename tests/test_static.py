@@ -142,6 +142,25 @@ def test_static_parity_through_optimum_intel_gemma2_patcher(model_type, tiny_mod
         ids = _prompt(length)
         assert torch.equal(_greedy(pt, ids, torch.ones_like(ids)), _greedy(model, ids, torch.ones_like(ids))), length
 
+
+# Gemma 3n's text decoder (optimum-intel's Gemma3nTextOpenVINOConfig, on its Gemma 4 config: per-layer inputs, AltUp,
+# LAuReL), refused statically by the sweep before ("'Cache' object is not iterable"), with a window of 8
+@pytest.mark.slow
+@pytest.mark.coverage
+def test_static_parity_gemma3n_text(tiny_model, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    path = tiny_model("gemma3n_text", sliding_window=8)
+    out = tmp_path / "gemma3n_text"
+    manifest = osg.export(str(path), out, shape_mode="static", max_cache_len=CAPACITY, static_query_len=4)
+    assert manifest.validation["status"] == "passed"
+    pt = AutoModelForCausalLM.from_pretrained(path).eval()
+    model = osg.runtime(out, ov_config=EXACT)
+    for length in (3, 13):
+        ids = _prompt(length)
+        assert torch.equal(_greedy(pt, ids, torch.ones_like(ids)), _greedy(model, ids, torch.ones_like(ids))), length
+
+
 def test_grouped_query_attention_does_not_repeat_the_kv_buffers(static_artifact, tiny_model):
     """The tiny llama has 4 query heads over 2 KV heads: no op of the static graph may produce the KV
     buffers repeated per query head ([B, 4, capacity, head_dim]), which transformers' `repeat_kv` would."""

@@ -5,11 +5,13 @@ on size (GenAI's NPU pipeline partitions a model by size: a tiny model's result 
 checkpoint of a size an NPU laptop runs (named beside each entry): hidden size, attention heads, KV heads,
 head_dim, intermediate and expert sizes, vocabulary, rotary settings, tied or untied head. The values are
 those of the checkpoint's public `config.json` as written here from memory of its model card (nothing is
-downloaded here: check an entry against the card before relying on one number). Only the layer count is cut:
-4 layers (`LAYERS`), or one period of the checkpoint's per-layer pattern where that is longer (sliding and full
-attention, RoPE and NoPE layers). Not 2, as the tiny models have: NPUW looks for repeated blocks, and with 2
-decoder layers it fails where 3 or more run (measured on qwen3, tiny and at Qwen3-4B's widths alike: "Model
-references undeclared parameters" at 2 layers, greedy parity at 3, 4 and 5). Mixture-of-experts entries keep
+downloaded here: check an entry against the card before relying on one number). Only the layer count is cut,
+to 6 layers (`LAYERS`), the checkpoint's per-layer pattern kept (sliding and full attention, RoPE and NoPE layers,
+convolution and attention layers in the order the checkpoint has them). Not 2, as the tiny models have, nor 4:
+NPUW's online partitioning keeps a repeated block only when it repeats at least `NPUW_ONLINE_KEEP_BLOCKS` times
+(5 by default), and below that it partitions differently. Measured: Llama-3.2-1B's widths fail with 4 layers
+("Model references undeclared parameters", both artifacts) and run with greedy parity with the checkpoint's 16;
+Llama-3.1-8B's, Mistral-7B's and Phi-3-mini's widths fail with 4 layers too. Mixture-of-experts entries keep
 each expert's width and the router's top-k but may have fewer experts (said beside them).
 
 Every model gets `initializer_range=0.1` (decisive random logits, as the tiny models: a greedy flip is then an
@@ -23,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 _TOKENS = dict(bos_token_id=1, eos_token_id=2, pad_token_id=0)
-LAYERS = 4
+LAYERS = 6
 
 
 def _rope(theta: float, **extra: Any) -> dict[str, Any]:
@@ -35,13 +37,13 @@ _LLAMA3_8K = dict(rope_type="llama3", low_freq_factor=1.0, high_freq_factor=4.0,
 # model type -> (released checkpoint, its widths as config keyword arguments). num_hidden_layers is LAYERS
 # unless an entry sets it (to keep the checkpoint's per-layer pattern).
 RELEASED: dict[str, tuple[str, dict[str, Any]]] = {
-    "llama": ("meta-llama/Llama-3.1-8B-Instruct", dict(
-        hidden_size=4096, intermediate_size=14336, num_attention_heads=32, num_key_value_heads=8, head_dim=128,
-        vocab_size=128256, max_position_embeddings=131072, rms_norm_eps=1e-5, tie_word_embeddings=False,
-        rope_parameters=_rope(500000.0, factor=8.0, **_LLAMA3_8K))),
-    "qwen2": ("Qwen/Qwen2.5-7B-Instruct", dict(
-        hidden_size=3584, intermediate_size=18944, num_attention_heads=28, num_key_value_heads=4,
-        vocab_size=152064, max_position_embeddings=32768, rms_norm_eps=1e-6, tie_word_embeddings=False,
+    "llama": ("meta-llama/Llama-3.2-1B-Instruct", dict(
+        hidden_size=2048, intermediate_size=8192, num_attention_heads=32, num_key_value_heads=8, head_dim=64,
+        vocab_size=128256, max_position_embeddings=131072, rms_norm_eps=1e-5, tie_word_embeddings=True,
+        rope_parameters=_rope(500000.0, factor=32.0, **_LLAMA3_8K))),
+    "qwen2": ("Qwen/Qwen2.5-1.5B-Instruct", dict(
+        hidden_size=1536, intermediate_size=8960, num_attention_heads=12, num_key_value_heads=2,
+        vocab_size=151936, max_position_embeddings=32768, rms_norm_eps=1e-6, tie_word_embeddings=True,
         use_sliding_window=False, rope_parameters=_rope(1000000.0))),
     "qwen3": ("Qwen/Qwen3-4B", dict(
         hidden_size=2560, intermediate_size=9728, num_attention_heads=32, num_key_value_heads=8, head_dim=128,
@@ -70,7 +72,7 @@ RELEASED: dict[str, tuple[str, dict[str, Any]]] = {
         hidden_size=2304, intermediate_size=9216, num_attention_heads=8, num_key_value_heads=4, head_dim=256,
         vocab_size=256000, max_position_embeddings=8192, sliding_window=4096, query_pre_attn_scalar=256,
         attn_logit_softcapping=50.0, final_logit_softcapping=30.0, tie_word_embeddings=True,
-        layer_types=["sliding_attention", "full_attention"] * 2, rope_parameters=_rope(10000.0))),
+        layer_types=["sliding_attention", "full_attention"] * (LAYERS // 2), rope_parameters=_rope(10000.0))),
     # 5 sliding-window (512) layers then 1 full: one period, each kind with its own rotary base
     "gemma3_text": ("google/gemma-3-1b-it", dict(
         num_hidden_layers=6, hidden_size=1152, intermediate_size=6912, num_attention_heads=4, num_key_value_heads=1, head_dim=256,
@@ -86,7 +88,7 @@ RELEASED: dict[str, tuple[str, dict[str, Any]]] = {
         hidden_size=4096, intermediate_size=11008, num_attention_heads=32, num_key_value_heads=32,
         vocab_size=100352, max_position_embeddings=4096, rms_norm_eps=1e-6, tie_word_embeddings=False,
         rope_parameters=_rope(500000.0))),
-    # every 4th layer without RoPE (no_rope_layer_interval 4): 4 layers keep it
+    # every 4th layer without RoPE (no_rope_layer_interval 4), as there
     "smollm3": ("HuggingFaceTB/SmolLM3-3B", dict(
         hidden_size=2048, intermediate_size=11008, num_attention_heads=16,
         num_key_value_heads=4, vocab_size=128256, max_position_embeddings=65536, rms_norm_eps=1e-6,
@@ -160,16 +162,17 @@ RELEASED: dict[str, tuple[str, dict[str, Any]]] = {
         hidden_size=4096, intermediate_size=14336, num_attention_heads=32, num_key_value_heads=8, vocab_size=256000,
         max_position_embeddings=8192, logit_scale=0.125, use_qk_norm=False, tie_word_embeddings=True,
         rope_parameters=_rope(10000.0))),
-    # 3 sliding-window (4096) layers then 1 full: one period
+    # 3 sliding-window (4096) layers then 1 full, as there
     "cohere2": ("CohereForAI/c4ai-command-r7b-12-2024", dict(
         hidden_size=4096, intermediate_size=14336, num_attention_heads=32, num_key_value_heads=8, vocab_size=256000,
         max_position_embeddings=8192, sliding_window=4096, logit_scale=0.25, tie_word_embeddings=True,
-        layer_types=["sliding_attention"] * 3 + ["full_attention"], rope_parameters=_rope(50000.0))),
+        layer_types=(["sliding_attention"] * 3 + ["full_attention"]) * 2, rope_parameters=_rope(50000.0),
+        num_hidden_layers=8)),
     # 32 experts (top 4) there; 8 here, each of the released width; sliding (128) and full attention alternate
     "gpt_oss": ("openai/gpt-oss-20b", dict(
         hidden_size=2880, intermediate_size=2880, num_local_experts=8, num_experts_per_tok=4, num_attention_heads=64,
         num_key_value_heads=8, head_dim=64, vocab_size=201088, max_position_embeddings=131072, sliding_window=128,
-        layer_types=["sliding_attention", "full_attention"] * 2, tie_word_embeddings=False,
+        layer_types=["sliding_attention", "full_attention"] * (LAYERS // 2), tie_word_embeddings=False,
         rope_parameters=_rope(150000.0, rope_type="yarn", factor=32.0, beta_fast=32.0, beta_slow=1.0,
                               original_max_position_embeddings=4096, truncate=False))),
     # 16 experts (top 2) there; 4 here, each of the released width
@@ -192,35 +195,36 @@ RELEASED: dict[str, tuple[str, dict[str, Any]]] = {
     "falcon_mamba": ("tiiuae/falcon-mamba-7b", dict(
         hidden_size=4096, state_size=16, conv_kernel=4, expand=2, time_step_rank=256, vocab_size=65024,
         tie_word_embeddings=False)),
-    # its first four layers (conv, conv, attention, conv); the feed-forward auto-adjusted as there (12288 -> 8192)
+    # its first six layers (conv, conv, attention, conv, conv, attention); the feed-forward auto-adjusted as there
     "lfm2": ("LiquidAI/LFM2-1.2B", dict(
         hidden_size=2048, intermediate_size=12288, block_auto_adjust_ff_dim=True, block_multiple_of=256,
         block_ffn_dim_multiplier=1.0, num_attention_heads=32, num_key_value_heads=8, vocab_size=65536,
-        layer_types=["conv", "conv", "full_attention", "conv"], conv_L_cache=3, max_position_embeddings=128000,
+        layer_types=["conv", "conv", "full_attention"] * 2, conv_L_cache=3, max_position_embeddings=128000,
         tie_word_embeddings=True, rope_parameters=_rope(1000000.0))),
-    # its first four layers (conv, conv, attention, conv), the first two dense; 32 experts (top 4) there, 8 here
+    # its first six layers, the first two dense (conv, conv, attention as LFM2); 32 experts (top 4) there, 8 here
     "lfm2_moe": ("LiquidAI/LFM2-8B-A1B", dict(
         hidden_size=2048, intermediate_size=7168, moe_intermediate_size=1792, num_experts=8, num_experts_per_tok=4,
         num_dense_layers=2, use_expert_bias=True, norm_topk_prob=True, routed_scaling_factor=1.0,
         num_attention_heads=32, num_key_value_heads=8, vocab_size=65536,
-        layer_types=["conv", "conv", "full_attention", "conv"], conv_L_cache=3, max_position_embeddings=128000,
+        layer_types=["conv", "conv", "full_attention"] * 2, conv_L_cache=3, max_position_embeddings=128000,
         tie_word_embeddings=True, rope_parameters=_rope(1000000.0))),
-    # 3 gated-delta-net layers then 1 gated full-attention layer: one period; 512 experts (top 10) there, 16 here
+    # 3 gated-delta-net layers then 1 gated full-attention layer (8 layers: two periods); 512 experts (top 10) there,
+    # 16 here
     "qwen3_next": ("Qwen/Qwen3-Next-80B-A3B-Instruct", dict(
-        hidden_size=2048, num_attention_heads=16, num_key_value_heads=2, head_dim=256, linear_num_key_heads=16,
+        num_hidden_layers=8, hidden_size=2048, num_attention_heads=16, num_key_value_heads=2, head_dim=256, linear_num_key_heads=16,
         linear_num_value_heads=32, linear_key_head_dim=128, linear_value_head_dim=128, linear_conv_kernel_dim=4,
         num_experts=16, num_experts_per_tok=10, moe_intermediate_size=512, shared_expert_intermediate_size=512,
         decoder_sparse_step=1, norm_topk_prob=True, vocab_size=151936, max_position_embeddings=262144,
         tie_word_embeddings=False, rope_parameters=_rope(10000000.0, partial_rotary_factor=0.25))),
     # Qwen3_5TextConfig's defaults (its docstring names Qwen/Qwen3.5-27B): 3 gated-delta-net layers, 1 full
     "qwen3_5_text": ("Qwen/Qwen3.5-27B (Qwen3_5TextConfig's default widths)", dict(
-        hidden_size=4096, intermediate_size=12288, num_attention_heads=16, num_key_value_heads=4, head_dim=256,
+        num_hidden_layers=8, hidden_size=4096, intermediate_size=12288, num_attention_heads=16, num_key_value_heads=4, head_dim=256,
         vocab_size=248320, tie_word_embeddings=False,
         rope_parameters={"rope_type": "default", "rope_theta": 10000000.0, "partial_rotary_factor": 0.25,
                          "mrope_section": [11, 11, 10], "mrope_interleaved": True})),
     # Qwen3_5MoeTextConfig's defaults; 256 experts (top 8) there, 16 here, each of the released width
     "qwen3_5_moe_text": ("Qwen/Qwen3.5-35B-A3B (Qwen3_5MoeTextConfig's default widths)", dict(
-        hidden_size=2048, num_attention_heads=16, num_key_value_heads=2, head_dim=256, moe_intermediate_size=512,
+        num_hidden_layers=8, hidden_size=2048, num_attention_heads=16, num_key_value_heads=2, head_dim=256, moe_intermediate_size=512,
         shared_expert_intermediate_size=512, num_experts=16, num_experts_per_tok=8, vocab_size=248320,
         tie_word_embeddings=False,
         rope_parameters={"rope_type": "default", "rope_theta": 10000000.0, "partial_rotary_factor": 0.25,

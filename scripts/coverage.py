@@ -19,9 +19,9 @@ Usage (from the repository root):
     PYTHONPATH=. /tmp/venv457/bin/python scripts/coverage.py --output /tmp/cov-457.md
     PYTHONPATH=. python scripts/coverage.py --update-multimodal   # only the multimodal section of docs/architectures.md
 
-The NPU column at released width (GenAI's NPU pipeline partitions by size, and fails on 2-layer models: the tiny
-models' NPU result does not predict a released checkpoint's): `--npu-only` builds each type with its released
-checkpoint's widths and 4 layers (`optimum_shared_graph/released.py`), exports it as `text-generation-shared` and as
+The NPU column at released width (GenAI's NPU pipeline partitions by size and by repeated blocks, kept from 5
+repeats: the tiny 2-layer models' NPU result does not predict a released checkpoint's): `--npu-only` builds each type with its released
+checkpoint's widths and 6 layers (`optimum_shared_graph/released.py`), exports it as `text-generation-shared` and as
 optimum-intel's `text-generation-with-past` (fp16 weights), runs both through the NPU pipeline and merges the
 results into a JSON file (the types run replace their rows, so it can be filled in several runs); the sweep and
 `--render-only` with `--npu-results FILE` take the NPU column from it (and skip the tiny models' NPU check):
@@ -682,9 +682,9 @@ def render_npu_real_width(npu_results: dict, *, source: str) -> list[str]:
         "tiny model's result does not predict a released one's. Each model type is built random-init with the widths of",
         "its released checkpoint (`optimum_shared_graph/released.py`, the checkpoint named there and below: hidden size,",
         "heads, KV heads, head_dim, intermediate and expert sizes, vocabulary, rotary settings, tied or untied head) and",
-        "4 layers (one period of the checkpoint's per-layer pattern where that is longer; not 2: NPUW fails on 2-layer",
-        "models where 3 or more run, measured on qwen3 tiny and at Qwen3-4B's widths alike; mixtures of experts may have",
-        "fewer experts of the released width), `initializer_range=0.1`. It is exported twice with "
+        "6 layers (8 where the checkpoint's per-layer pattern needs them; not fewer: NPUW's online partitioning keeps a",
+        "repeated block from `NPUW_ONLINE_KEEP_BLOCKS` = 5 repeats, and Llama-3.2-1B's widths fail with 4 layers where its",
+        "16 run; mixtures of experts may have fewer experts of the released width), `initializer_range=0.1`. It is exported twice with "
         f"`--weight-format {npu_results.get('weight_format', NPU_WEIGHT_FORMAT)}`: `text-generation-shared` (this package,",
         "its export validation included) and optimum-intel's `text-generation-with-past`; both run the greedy check",
         f"({npu_results.get('new_tokens', NEW_TOKENS)} tokens on {len(npu_results.get('prompts') or PROMPTS)} prompts against "
@@ -749,7 +749,7 @@ def render(results: list[dict], *, seconds: float, versions: dict, python: str,
            "  in the same run: a difference or a failure both artifacts share is NPUW's, and the cell says so."]
           if npu_results is None else
           ["- **NPU pipeline**: not on the tiny model (NPUW partitions by size: a tiny model's result does not predict a",
-           "  released one's) but on a model of the type's released checkpoint's widths with 4 layers, exported both as",
+           "  released one's) but on a model of the type's released checkpoint's widths with 6 layers, exported both as",
            "  `text-generation-shared` and as optimum-intel's `text-generation-with-past`, the same greedy check through",
            "  OpenVINO GenAI's NPU pipeline with its partitions on the CPU, judged against optimum-intel's artifact: a",
            "  difference or a failure both artifacts share is NPUW's, and the cell says so. Widths, checkpoints and the",

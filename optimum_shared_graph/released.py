@@ -11,7 +11,10 @@ convolution and attention layers in the order the checkpoint has them). Not 2, a
 NPUW's online partitioning keeps a repeated block only when it repeats at least `NPUW_ONLINE_KEEP_BLOCKS` times
 (5 by default), and below that it partitions differently. Measured: Llama-3.2-1B's widths fail with 4 layers
 ("Model references undeclared parameters", both artifacts) and run with greedy parity with the checkpoint's 16;
-Llama-3.1-8B's, Mistral-7B's and Phi-3-mini's widths fail with 4 layers too. Mixture-of-experts entries keep
+Llama-3.1-8B's, Mistral-7B's and Phi-3-mini's widths fail with 4 layers too. Where layers of several kinds
+alternate, each kind repeats less often: gemma2 and gemma3_text get more layers (said beside them); the other
+patterned entries (smollm3, cohere2, gpt_oss, lfm2, lfm2_moe, qwen3_next, qwen3_5*) repeat some kind fewer than 5
+times, and their NPU result is less certain to be a full-depth model's. Mixture-of-experts entries keep
 each expert's width and the router's top-k but may have fewer experts (said beside them).
 
 Every model gets `initializer_range=0.1` (decisive random logits, as the tiny models: a greedy flip is then an
@@ -67,17 +70,19 @@ RELEASED: dict[str, tuple[str, dict[str, Any]]] = {
         hidden_size=2048, intermediate_size=16384, num_attention_heads=8, num_key_value_heads=1, head_dim=256,
         vocab_size=256000, max_position_embeddings=8192, hidden_activation="gelu_pytorch_tanh",
         tie_word_embeddings=True, rope_parameters=_rope(10000.0))),
-    # its layers alternate sliding (window 4096) and full attention
+    # its layers alternate sliding (window 4096) and full attention: 5 periods (10 layers), so that each kind repeats
+    # as often as NPUW needs (with 6 layers, 3 of each, ours failed in NPUW where it ran with 4)
     "gemma2": ("google/gemma-2-2b-it", dict(
-        hidden_size=2304, intermediate_size=9216, num_attention_heads=8, num_key_value_heads=4, head_dim=256,
+        num_hidden_layers=10, hidden_size=2304, intermediate_size=9216, num_attention_heads=8, num_key_value_heads=4, head_dim=256,
         vocab_size=256000, max_position_embeddings=8192, sliding_window=4096, query_pre_attn_scalar=256,
         attn_logit_softcapping=50.0, final_logit_softcapping=30.0, tie_word_embeddings=True,
-        layer_types=["sliding_attention", "full_attention"] * (LAYERS // 2), rope_parameters=_rope(10000.0))),
-    # 5 sliding-window (512) layers then 1 full: one period, each kind with its own rotary base
+        layer_types=["sliding_attention", "full_attention"] * 5, rope_parameters=_rope(10000.0))),
+    # 5 sliding-window (512) layers then 1 full, each kind with its own rotary base: the checkpoint's own 26 layers
+    # (narrow enough to afford; fewer would repeat the full-attention layer too seldom for NPUW)
     "gemma3_text": ("google/gemma-3-1b-it", dict(
-        num_hidden_layers=6, hidden_size=1152, intermediate_size=6912, num_attention_heads=4, num_key_value_heads=1, head_dim=256,
+        num_hidden_layers=26, hidden_size=1152, intermediate_size=6912, num_attention_heads=4, num_key_value_heads=1, head_dim=256,
         vocab_size=262144, max_position_embeddings=32768, sliding_window=512, query_pre_attn_scalar=256,
-        tie_word_embeddings=True, layer_types=["sliding_attention"] * 5 + ["full_attention"],
+        tie_word_embeddings=True, layer_types=(["sliding_attention"] * 5 + ["full_attention"]) * 4 + ["sliding_attention"] * 2,
         rope_parameters={"sliding_attention": _rope(10000.0), "full_attention": _rope(1000000.0)})),
     "granite": ("ibm-granite/granite-3.1-2b-instruct", dict(
         hidden_size=2048, intermediate_size=8192, num_attention_heads=32, num_key_value_heads=8,

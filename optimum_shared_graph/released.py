@@ -307,6 +307,8 @@ def widths(config) -> dict[str, Any]:
             if isinstance(value, (int, float)) and not isinstance(value, bool):
                 found[key] = value
                 break
+    if "head_dim" not in found and found.get("heads") and found.get("hidden"):
+        found["head_dim"] = found["hidden"] // found["heads"]  # the config computes it so
     found["tied"] = bool(getattr(text, "tie_word_embeddings", False))
     return found
 

@@ -669,6 +669,16 @@ def _npu_summary(cells: list[str], *, real_width: bool, not_measured: int = 0) -
     return text
 
 
+def _verdict_label(npu: str | None) -> str:
+    """The verdict of an NPU cell without the detail both artifacts' columns already show."""
+    npu = npu or "-"
+    for prefix in ("as optimum-intel's artifact", "NPUW runs neither artifact", "differs from optimum-intel's artifact",
+                   NO_COMPARISON):
+        if npu.startswith(prefix):
+            return npu.split(":", 1)[0] if prefix != NO_COMPARISON else prefix
+    return npu
+
+
 def render_npu_real_width(npu_results: dict, *, source: str) -> list[str]:
     """The section listing, per model type, the released checkpoint, the widths built and both artifacts' results."""
     rows = sorted(npu_results.get("results", []), key=lambda r: r["model_type"])
@@ -678,11 +688,11 @@ def render_npu_real_width(npu_results: dict, *, source: str) -> list[str]:
     total = sum((r.get("seconds") or {}).get("total", 0) for r in rows)
     lines = [
         "## NPU pipeline at real width", "",
-        "The NPU column above comes from these runs, not from the tiny models: NPUW partitions a model by size, so a",
-        "tiny model's result does not predict a released one's. Each model type is built random-init with the widths of",
+        "The NPU column above comes from these runs, not from the tiny models: NPUW partitions a model by size and by",
+        "repeated blocks, so a tiny 2-layer model's result does not predict a released one's. Each model type is built random-init with the widths of",
         "its released checkpoint (`optimum_shared_graph/released.py`, the checkpoint named there and below: hidden size,",
         "heads, KV heads, head_dim, intermediate and expert sizes, vocabulary, rotary settings, tied or untied head) and",
-        "6 layers (8 where the checkpoint's per-layer pattern needs them; not fewer: NPUW's online partitioning keeps a",
+        "6 layers (more for some types with layers of several kinds: the layers column; not fewer: NPUW's online partitioning keeps a",
         "repeated block from `NPUW_ONLINE_KEEP_BLOCKS` = 5 repeats, and Llama-3.2-1B's widths fail with 4 layers where its",
         "16 run; mixtures of experts may have fewer experts of the released width), `initializer_range=0.1`. It is exported twice with "
         f"`--weight-format {npu_results.get('weight_format', NPU_WEIGHT_FORMAT)}`: `text-generation-shared` (this package,",
@@ -709,7 +719,7 @@ def render_npu_real_width(npu_results: dict, *, source: str) -> list[str]:
         heads = f"{w.get('heads', '-')} / {w.get('kv_heads', w.get('heads', '-'))}"
         lines.append(f"| {r['model_type']} | {r.get('checkpoint') or '-'} | {w.get('layers', '-')} | {w.get('hidden', '-')} | "
                      f"{heads} | {w.get('head_dim', '-')} | {inter} | {experts} | {w.get('vocab', '-')} | "
-                     f"{_cell(r.get('npu_shared', '-'))} | {_cell(r.get('npu_with_past', '-'))} | {_cell(r.get('npu', '-'))} | "
+                     f"{_cell(r.get('npu_shared', '-'))} | {_cell(r.get('npu_with_past', '-'))} | {_cell(_verdict_label(r.get('npu')))} | "
                      f"{(r.get('seconds') or {}).get('total', '-')} |")
     return lines + [""]
 
@@ -748,8 +758,8 @@ def render(results: list[dict], *, seconds: float, versions: dict, python: str,
            "  computes in f16, judged against optimum-intel's own `text-generation-with-past` artifact of the same model",
            "  in the same run: a difference or a failure both artifacts share is NPUW's, and the cell says so."]
           if npu_results is None else
-          ["- **NPU pipeline**: not on the tiny model (NPUW partitions by size: a tiny model's result does not predict a",
-           "  released one's) but on a model of the type's released checkpoint's widths with 6 layers, exported both as",
+          ["- **NPU pipeline**: not on the tiny model (NPUW partitions by size and repeated blocks: a 2-layer model's result does not predict a",
+           "  released one's) but on a model of the type's released checkpoint's widths with 6 or more layers, exported both as",
            "  `text-generation-shared` and as optimum-intel's `text-generation-with-past`, the same greedy check through",
            "  OpenVINO GenAI's NPU pipeline with its partitions on the CPU, judged against optimum-intel's artifact: a",
            "  difference or a failure both artifacts share is NPUW's, and the cell says so. Widths, checkpoints and the",

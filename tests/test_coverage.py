@@ -211,3 +211,13 @@ def test_npu_results_merge_and_render_the_column_from_real_width():
     # without real-width results the page is as before: the tiny models' NPU cells
     plain = cov.render(results, seconds=60, versions={"transformers": "x"}, python=sys.executable)
     assert "## NPU pipeline at real width" not in plain and "NPUW runs neither artifact: tiny" in plain
+
+
+def test_npu_only_skips_a_mixture_of_experts_too_large_to_compile_here(monkeypatch):
+    cov = _coverage_module()
+    monkeypatch.setenv("OPTIMUM_SHARED_GRAPH_MEMORY", str(8 * 2**30))
+    assert cov._npu_memory_refusal("llama", None) is None  # dense: not estimated
+    refusal = cov._npu_memory_refusal("mixtral", None)
+    assert refusal.startswith("not run here: a mixture of experts of") and "8 GiB available" in refusal
+    monkeypatch.setenv("OPTIMUM_SHARED_GRAPH_MEMORY", str(2**40))
+    assert cov._npu_memory_refusal("mixtral", None) is None

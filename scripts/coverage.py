@@ -377,7 +377,7 @@ def run_npu_one(model_type: str, workdir: Path, layers: int | None = None) -> di
                          "--weight-format", NPU_WEIGHT_FORMAT, str(ours_dir)])
     lap("export_shared", t0)
     if code != 0:
-        result["npu"] = f"export refused at real width: {_error_line(stderr)}"
+        result["npu"] = f"{EXPORT_REFUSED_AT_REAL_WIDTH}: {_error_line(stderr)}"
         result["seconds"]["total"] = round(time.monotonic() - started, 1)
         return result
     validation = json.loads((ours_dir / "shared_graph.json").read_text()).get("validation", {})
@@ -684,7 +684,19 @@ def apply_npu_results(results: list[dict], npu_results: dict) -> list[dict]:
     return rows
 
 
+EXPORT_REFUSED_AT_REAL_WIDTH = "export refused at real width"
+
+
+def _npu_measured(cell: str) -> bool:
+    """Whether a real-width NPU cell is a result (not a run skipped, crashed or timed out)."""
+    return not cell.startswith(("not run", "worker crashed", "timed out", "coverage worker error", "released-width model"))
+
+
 def _npu_summary(cells: list[str], *, real_width: bool, not_measured: int = 0) -> str:
+    unmeasured = [n for n in cells if not _npu_measured(n)]
+    cells = [n for n in cells if _npu_measured(n)]
+    not_measured += len(unmeasured)
+    refused = sum(n.startswith(EXPORT_REFUSED_AT_REAL_WIDTH) for n in cells)
     same = sum(n.startswith("as optimum-intel's") for n in cells)
     neither = sum(n.startswith("NPUW runs neither") for n in cells)
     alone = sum(n.startswith(NO_COMPARISON) for n in cells)
@@ -694,9 +706,11 @@ def _npu_summary(cells: list[str], *, real_width: bool, not_measured: int = 0) -
     text = (f"NPU pipeline (NPUW on the CPU), {which}: {parity} with parity, {same} with "
             f"a difference optimum-intel's own artifact shares token for token, {neither} that NPUW runs for "
             f"neither artifact (the same error), {alone} without parity that optimum-intel cannot export here "
-            f"(nothing to compare), {len(cells) - parity - same - neither - alone} worse than optimum-intel's artifact.")
+            f"(nothing to compare), {len(cells) - parity - same - neither - alone - refused} worse than optimum-intel's artifact"
+            + (f", {refused} whose export this package refused at real width (its validation against PyTorch)" if refused else "")
+            + ".")
     if not_measured:
-        text += f" {not_measured} exported types are not measured at real width (their cells say so)."
+        text += f" {not_measured} exported types are not measured at real width (their cells say why)."
     return text
 
 

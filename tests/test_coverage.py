@@ -206,6 +206,14 @@ def test_npu_results_merge_and_render_the_column_from_real_width():
     assert cov.NOT_AT_REAL_WIDTH in gemma
     assert "at released width, of the 1 exported types measured there: 1 with parity" in page
     assert "1 exported types are not measured at real width" in page
+    # a run skipped or crashed is not a result; an export refused at real width is counted as such
+    npu["results"] += [dict(model_type="gemma", npu="not run here: too large"),
+                       dict(model_type="qwen3", npu=cov.EXPORT_REFUSED_AT_REAL_WIDTH + ": validation failed")]
+    results.append(dict(passed, model_type="qwen3"))
+    page = cov.render(results, seconds=60, versions={"transformers": "x"}, python=sys.executable, npu_results=npu)
+    assert "of the 2 exported types measured there: 1 with parity" in page
+    assert "0 worse than optimum-intel's artifact, 1 whose export this package refused at real width" in page
+    assert "1 exported types are not measured at real width" in page
     assert "## NPU pipeline at real width" in page and "docs/npu-real-width.json" in page
     assert "| llama | meta-llama/Llama-3.1-8B-Instruct | 2 | 2560 | 32 / 8 | 128 | 9728 |" in page
     # without real-width results the page is as before: the tiny models' NPU cells

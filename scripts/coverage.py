@@ -19,6 +19,17 @@ Usage (from the repository root):
     PYTHONPATH=. /tmp/venv457/bin/python scripts/coverage.py --output /tmp/cov-457.md
     PYTHONPATH=. python scripts/coverage.py --update-multimodal   # only the multimodal section of docs/architectures.md
 
+The NPU column at released width (GenAI's NPU pipeline partitions by size and by repeated blocks, kept from 5
+repeats: the tiny 2-layer models' NPU result does not predict a released checkpoint's): `--npu-only` builds each type with its released
+checkpoint's widths and 6 layers (`optimum_shared_graph/released.py`), exports it as `text-generation-shared` and as
+optimum-intel's `text-generation-with-past` (fp16 weights), runs both through the NPU pipeline and merges the
+results into a JSON file (the types run replace their rows, so it can be filled in several runs); the sweep and
+`--render-only` with `--npu-results FILE` take the NPU column from it (and skip the tiny models' NPU check):
+
+    PYTHONPATH=. python scripts/coverage.py --npu-only --jobs 2 --npu-results docs/npu-real-width.json --types qwen3 llama
+    PYTHONPATH=. python scripts/coverage.py --npu-results docs/npu-real-width.json
+    PYTHONPATH=. python scripts/coverage.py --render-only results.json --npu-results docs/npu-real-width.json
+
 `--jobs` runs that many model types at once (default 2), `--timeout` bounds each one (seconds),
 `--no-static` skips the static export (for quick comparisons, e.g. between transformers versions).
 The representative subset CI runs is `tests/test_coverage.py` (`pytest -m coverage`).
@@ -37,7 +48,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -222,33 +233,176 @@ def _genai_problem(out: Path, refs: list, label: str, **properties) -> str | Non
     return next(iter(_differences(label, refs, _genai_tokens(out, refs, "CPU", **EXACT, **properties))), None)
 
 
+def _npu_attempt(artifact: Path, refs: list):
+    """Greedy tokens of `artifact` through the NPU pipeline, or None and the error's own message."""
+    try:
+        return _genai_tokens(artifact, refs, "NPU", **NPUW), None
+    except Exception as err:  # noqa: BLE001
+        return None, re.sub(r"_\d+", "_N", _ov_reason(err))
+
+
+def npu_verdict(refs: list, ours, our_error: str | None, theirs=None, their_error: str | None = None, *,
+                theirs_exported: bool = True, their_export_error: str = "") -> str:
+    """The NPU pipeline's cell: the shared artifact's greedy tokens (`ours`, or `our_error`) against PyTorch's,
+    judged against optimum-intel's own artifact of the same model (`theirs` / `their_error`; NPUW computes in
+    f16: a difference both artifacts share is NPUW's)."""
+    def problem_of(tokens, error):
+        return error or next(iter(_differences("NPUW", refs, tokens)), None)
+
+    problem = problem_of(ours, our_error)
+    if not theirs_exported:
+        detail = f" ({their_export_error})" if their_export_error else ""
+        return "parity" if problem is None else f"{NO_COMPARISON}{detail}: {problem}"
+    their_problem = problem_of(theirs, their_error)
+    if problem is None:
+        return "parity" if their_problem is None else f"parity (optimum-intel's artifact: {their_problem})"
+    if our_error:
+        if their_error == our_error:
+            return f"NPUW runs neither artifact (optimum-intel's fails the same way): {our_error}"
+        return f"failed: {our_error}" + (f" (optimum-intel's artifact: {their_problem or 'parity'})")
+    if their_error:
+        return f"{problem} (optimum-intel's artifact fails: {their_error})"
+    if theirs == ours:
+        return f"as optimum-intel's artifact, token for token (NPUW's f16): {problem}"
+    return f"differs from optimum-intel's artifact: {problem}"
+
+
 def _npu(model_dir: Path, workdir: Path, out: Path, refs: list) -> str:
     """The shared artifact through the NPU pipeline, judged against optimum-intel's own artifact of the same
     model in the same run (NPUW computes in f16: a difference both artifacts share is NPUW's)."""
-    def attempt(artifact: Path):
-        try:
-            return _genai_tokens(artifact, refs, "NPU", **NPUW), None
-        except Exception as err:  # noqa: BLE001
-            return None, re.sub(r"_\d+", "_N", _ov_reason(err))
-
-    ours, our_error = attempt(out)
-    problem = our_error or next(iter(_differences("NPUW", refs, ours)), None)
-    if problem is None:
+    ours, our_error = _npu_attempt(out, refs)
+    if our_error is None and not _differences("NPUW", refs, ours):
         return "parity"  # nothing to judge: optimum-intel's artifact is exported only when ours falls short
     theirs_dir = workdir / "with-past"
     code, _ = _cli(["export", "openvino", "-m", str(model_dir), "--task", "text-generation-with-past", str(theirs_dir)])
     if code != 0:  # optimum-intel cannot export it here (e.g. its transformers version cap): nothing to compare
-        return f"{NO_COMPARISON}: {problem}"
-    theirs, their_error = attempt(theirs_dir)
-    if our_error:
-        if their_error == our_error:
-            return f"NPUW runs neither artifact (optimum-intel's fails the same way): {our_error}"
-        return f"failed: {our_error}" + (f" (optimum-intel's artifact: {their_error})" if their_error else "")
-    if theirs == ours:
-        return f"as optimum-intel's artifact, token for token (NPUW's f16): {problem}"
-    if theirs is None:
-        return f"{problem} (optimum-intel's artifact fails: {their_error})"
-    return f"differs from optimum-intel's artifact: {problem}"
+        return npu_verdict(refs, ours, our_error, theirs_exported=False)
+    theirs, their_error = _npu_attempt(theirs_dir, refs)
+    return npu_verdict(refs, ours, our_error, theirs, their_error)
+
+
+# ----------------------------------------------------------------------------------------------
+# The NPU pipeline at released width (`--npu-only`): one model type, in its own subprocess
+# ----------------------------------------------------------------------------------------------
+
+# Both artifacts are exported with fp16 weights (the released checkpoints' own precision; optimum-intel
+# would otherwise compress a model over 1 B parameters to int8 by default).
+NPU_WEIGHT_FORMAT = "fp16"
+NOT_AT_REAL_WIDTH = "not measured at real width"
+
+
+def _pt_refs(model_dir: Path) -> list:
+    """PyTorch's greedy references (f32 compute on the saved fp16 weights) for the prompts, the model freed."""
+    import gc
+
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    pt = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    refs = []
+    with torch.no_grad():
+        for prompt in PROMPTS:
+            enc = tok([prompt], return_tensors="pt")
+            refs.append((enc, *_pt_greedy(pt, enc)))
+    del pt
+    gc.collect()
+    return refs
+
+
+# Measured: NPUW's compile (on the CPU) of qwen3_moe at released width (6 layers, 16 experts of 768, 1.2 B
+# parameters) reached 17.8 GB of anonymous memory before the kernel's OOM killer stopped it: about 15 bytes per
+# parameter for a mixture of experts. Dense models of 1.6 B parameters ran on the same machine.
+MOE_BYTES_PER_PARAMETER = 15
+
+
+def _npu_memory_refusal(model_type: str, layers: int | None) -> str | None:
+    """Why a mixture of experts is not run here (its estimated NPUW peak above the memory available), or None."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from optimum_shared_graph.pipeline.memory import available_memory
+    from optimum_shared_graph.released import released_width_config, widths
+
+    config = released_width_config(model_type, **({"num_hidden_layers": layers} if layers else {}))
+    if not widths(config).get("experts"):
+        return None
+    with torch.device("meta"):
+        parameters = sum(p.numel() for p in AutoModelForCausalLM.from_config(config).parameters())
+    need, have = parameters * MOE_BYTES_PER_PARAMETER, available_memory().available
+    if need < have:
+        return None
+    return (f"not run here: a mixture of experts of {parameters / 1e9:.1f} B parameters would need about "
+            f"{need / 2**30:.0f} GiB to compile through NPUW ({MOE_BYTES_PER_PARAMETER} bytes per parameter, measured on "
+            f"qwen3_moe), {have / 2**30:.0f} GiB available")
+
+
+def run_npu_one(model_type: str, workdir: Path, layers: int | None = None) -> dict:
+    """Build `model_type` at its released checkpoint's widths (few layers), export it twice (this task's
+    `text-generation-shared` and optimum-intel's `text-generation-with-past`, fp16 weights), run the greedy
+    check through the NPU pipeline on both and judge ours against theirs: one result of the NPU column."""
+    import shutil
+
+    from optimum_shared_graph.released import build_released_width_model, released_checkpoint, widths
+
+    result: dict = {"model_type": model_type, "checkpoint": released_checkpoint(model_type),
+                    "weight_format": NPU_WEIGHT_FORMAT}
+    started = time.monotonic()
+    seconds = result["seconds"] = {}
+
+    def lap(name: str, t0: float) -> None:
+        seconds[name] = round(time.monotonic() - t0, 1)
+
+    too_big = _npu_memory_refusal(model_type, layers)
+    if too_big:
+        result["npu"] = too_big
+        return result
+    model_dir = workdir / "model"
+    t0 = time.monotonic()
+    try:
+        config = build_released_width_model(model_type, model_dir, **({"num_hidden_layers": layers} if layers else {}))
+    except Exception as err:  # noqa: BLE001
+        result["npu"] = f"released-width model build failed: {type(err).__name__}: {_first_line(err)}"
+        return result
+    result["widths"] = widths(config)
+    lap("build", t0)
+    t0 = time.monotonic()
+    refs = _pt_refs(model_dir)
+    lap("pytorch", t0)
+
+    ours_dir, theirs_dir = workdir / "shared", workdir / "with-past"
+    os.environ["OPTIMUM_SHARED_GRAPH_DEBUG"] = "1"
+    t0 = time.monotonic()
+    code, stderr = _cli(["export", "openvino", "-m", str(model_dir), "--task", "text-generation-shared",
+                         "--weight-format", NPU_WEIGHT_FORMAT, str(ours_dir)])
+    lap("export_shared", t0)
+    if code != 0:
+        result["npu"] = f"{EXPORT_REFUSED_AT_REAL_WIDTH}: {_error_line(stderr)}"
+        result["seconds"]["total"] = round(time.monotonic() - started, 1)
+        return result
+    validation = json.loads((ours_dir / "shared_graph.json").read_text()).get("validation", {})
+    result["validation"] = {k: validation.get(k) for k in ("status", "max_abs_diff_prefill", "max_abs_diff_decode")}
+    t0 = time.monotonic()
+    ours, our_error = _npu_attempt(ours_dir, refs)
+    lap("npu_shared", t0)
+    shutil.rmtree(ours_dir, ignore_errors=True)
+
+    t0 = time.monotonic()
+    code, stderr = _cli(["export", "openvino", "-m", str(model_dir), "--task", "text-generation-with-past",
+                         "--weight-format", NPU_WEIGHT_FORMAT, str(theirs_dir)])
+    lap("export_with_past", t0)
+    theirs = their_error = None
+    if code == 0:
+        t0 = time.monotonic()
+        theirs, their_error = _npu_attempt(theirs_dir, refs)
+        lap("npu_with_past", t0)
+        shutil.rmtree(theirs_dir, ignore_errors=True)
+    result["npu_shared"] = our_error or next(iter(_differences("NPUW", refs, ours)), None) or "parity"
+    result["npu_with_past"] = (their_error or next(iter(_differences("NPUW", refs, theirs)), None) or "parity"
+                               ) if code == 0 else f"export failed: {_error_line(stderr)}"
+    result["npu"] = npu_verdict(refs, ours, our_error, theirs, their_error, theirs_exported=code == 0)
+    seconds["total"] = round(time.monotonic() - started, 1)
+    return result
 
 
 def _validation_flip_evidence(model_dir: Path, reason: str) -> str:
@@ -382,18 +536,21 @@ def _static(model_dir: Path, workdir: Path, refs: list) -> str:
 # ----------------------------------------------------------------------------------------------
 
 
-def _run_subprocess(model_type: str, timeout: int, python: str, static: bool, npu: bool) -> dict:
+def _run_subprocess(model_type: str, timeout: int, python: str, static: bool, npu: bool,
+                    real_width: bool = False, layers: int | None = None) -> dict:
+    """`run_one(model_type)` (or `run_npu_one` with `real_width`) in a subprocess of its own, bounded by `timeout`."""
     import transformers
 
     from optimum_shared_graph.testing import MULTIMODAL, buildable_reason
 
-    why = None if model_type in MULTIMODAL else buildable_reason(model_type)
+    why = None if model_type in MULTIMODAL or real_width else buildable_reason(model_type)
     if why:  # no subprocess needed to say so
         return {"model_type": model_type, "transformers": transformers.__version__, "status": NOT_BUILDABLE, "reason": why}
     with tempfile.TemporaryDirectory(prefix=f"osg-cov-{model_type}-") as tmp:
         result_file = Path(tmp) / "result.json"
         cmd = ["nice", "-n", "10", python, str(Path(__file__).resolve()), "--one", model_type,
                "--workdir", tmp, "--result", str(result_file)] + ([] if static else ["--no-static"]) + ([] if npu else ["--no-npu"])
+        cmd += (["--npu-only"] + (["--npu-layers", str(layers)] if layers else [])) if real_width else []
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
                    TOKENIZERS_PARALLELISM="false", OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
         env.pop("OPTIMUM_SHARED_GRAPH_DEBUG", None)
@@ -401,13 +558,18 @@ def _run_subprocess(model_type: str, timeout: int, python: str, static: bool, np
         try:
             proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
         except subprocess.TimeoutExpired:
+            if real_width:
+                return {"model_type": model_type, "npu": f"timed out after {timeout} s", "seconds": {"total": timeout}}
             return {"model_type": model_type, "status": REFUSED, "reason": f"timed out after {timeout} s in the coverage run",
                     "seconds": timeout}
         if result_file.is_file():
             return json.loads(result_file.read_text())
         tail = [line for line in (proc.stderr or "").splitlines() if line.strip()]
+        crashed = f"worker crashed (exit {proc.returncode}): {tail[-1][:300] if tail else 'no output'}"
+        if real_width:
+            return {"model_type": model_type, "npu": crashed, "seconds": {"total": round(time.monotonic() - t0, 1)}}
         return {"model_type": model_type, "status": REFUSED, "seconds": round(time.monotonic() - t0, 1),
-                "reason": f"worker crashed (exit {proc.returncode}): {tail[-1][:300] if tail else 'no output'}"}
+                "reason": crashed}
 
 
 def _cell(text: str | None) -> str:
@@ -504,8 +666,114 @@ def splice_multimodal(page: str, section: list[str]) -> str:
     return page[:anchor] + text + "\n" + page[anchor:]
 
 
+def apply_npu_results(results: list[dict], npu_results: dict) -> list[dict]:
+    """`results` with each exported row's NPU cell taken from the real-width results (`--npu-results`): its
+    verdict there, else `NOT_AT_REAL_WIDTH` (with the tiny model's cell, if the sweep ran one, after it)."""
+    real = {r["model_type"]: r for r in npu_results.get("results", [])}
+    rows = []
+    for r in results:
+        r = dict(r)
+        if r.get("status") in (PASS, PARTIAL):
+            tiny = r.get("npu") or ""
+            if r["model_type"] in real and not _is_multimodal(r):
+                r["npu"] = real[r["model_type"]].get("npu") or "no result"
+                r["npu_real_width"] = True
+            else:
+                r["npu"] = NOT_AT_REAL_WIDTH + (f" (tiny model: {tiny})" if tiny and not tiny.startswith("not run") else "")
+        rows.append(r)
+    return rows
+
+
+EXPORT_REFUSED_AT_REAL_WIDTH = "export refused at real width"
+
+
+def _npu_measured(cell: str) -> bool:
+    """Whether a real-width NPU cell is a result (not a run skipped, crashed or timed out)."""
+    return not cell.startswith(("not run", "worker crashed", "timed out", "coverage worker error", "released-width model"))
+
+
+def _npu_summary(cells: list[str], *, real_width: bool, not_measured: int = 0) -> str:
+    unmeasured = [n for n in cells if not _npu_measured(n)]
+    cells = [n for n in cells if _npu_measured(n)]
+    not_measured += len(unmeasured)
+    refused = sum(n.startswith(EXPORT_REFUSED_AT_REAL_WIDTH) for n in cells)
+    same = sum(n.startswith("as optimum-intel's") for n in cells)
+    neither = sum(n.startswith("NPUW runs neither") for n in cells)
+    alone = sum(n.startswith(NO_COMPARISON) for n in cells)
+    parity = sum(n.startswith("parity") for n in cells)
+    which = (f"at released width, of the {len(cells)} exported types measured there" if real_width
+             else f"of the {len(cells)} exported types")
+    text = (f"NPU pipeline (NPUW on the CPU), {which}: {parity} with parity, {same} with "
+            f"a difference optimum-intel's own artifact shares token for token, {neither} that NPUW runs for "
+            f"neither artifact (the same error), {alone} without parity that optimum-intel cannot export here "
+            f"(nothing to compare), {len(cells) - parity - same - neither - alone - refused} worse than optimum-intel's artifact"
+            + (f", {refused} whose export this package refused at real width (its validation against PyTorch)" if refused else "")
+            + ".")
+    if not_measured:
+        text += f" {not_measured} exported types are not measured at real width (their cells say why)."
+    return text
+
+
+def _verdict_label(npu: str | None) -> str:
+    """The verdict of an NPU cell without the detail both artifacts' columns already show."""
+    npu = npu or "-"
+    for prefix in ("as optimum-intel's artifact", "NPUW runs neither artifact", "differs from optimum-intel's artifact",
+                   NO_COMPARISON):
+        if npu.startswith(prefix):
+            return npu.split(":", 1)[0] if prefix != NO_COMPARISON else prefix
+    return npu
+
+
+def render_npu_real_width(npu_results: dict, *, source: str) -> list[str]:
+    """The section listing, per model type, the released checkpoint, the widths built and both artifacts' results."""
+    rows = sorted(npu_results.get("results", []), key=lambda r: r["model_type"])
+    if not rows:
+        return []
+    v = npu_results.get("versions") or {}
+    total = sum((r.get("seconds") or {}).get("total", 0) for r in rows)
+    lines = [
+        "## NPU pipeline at real width", "",
+        "The NPU column above comes from these runs, not from the tiny models: NPUW partitions a model by size and by",
+        "repeated blocks, so a tiny 2-layer model's result does not predict a released one's. Each model type is built random-init with the widths of",
+        "its released checkpoint (`optimum_shared_graph/released.py`, the checkpoint named there and below: hidden size,",
+        "heads, KV heads, head_dim, intermediate and expert sizes, vocabulary, rotary settings, tied or untied head) and",
+        "6 layers (more for some types with layers of several kinds: the layers column; not fewer: NPUW's online partitioning keeps a",
+        "repeated block from `NPUW_ONLINE_KEEP_BLOCKS` = 5 repeats, and Llama-3.2-1B's widths fail with 4 layers where its",
+        "16 run; mixtures of experts may have fewer experts of the released width), `initializer_range=0.1`. It is exported twice with "
+        f"`--weight-format {npu_results.get('weight_format', NPU_WEIGHT_FORMAT)}`: `text-generation-shared` (this package,",
+        "its export validation included) and optimum-intel's `text-generation-with-past`; both run the greedy check",
+        f"({npu_results.get('new_tokens', NEW_TOKENS)} tokens on {len(npu_results.get('prompts') or PROMPTS)} prompts against "
+        "PyTorch in f32 on the same fp16 weights) through",
+        f"`LLMPipeline(path, \"NPU\", {', '.join(f'{k}={v!r}' for k, v in (npu_results.get('npuw') or NPUW).items())})`.",
+        "",
+        f"Results: `{source}`, written by `PYTHONPATH=. python scripts/coverage.py --npu-only --jobs 2 --npu-results {source}` on "
+        f"{npu_results.get('machine', '?')}; transformers {v.get('transformers')}, optimum-intel {v.get('optimum-intel')}, "
+        f"openvino {v.get('openvino')}, openvino-genai {v.get('openvino-genai')}, torch {v.get('torch')}; "
+        f"{total / 60:.0f} minutes of runs for {len(rows)} types.",
+        "",
+        "| model type | released checkpoint | layers | hidden | heads / KV heads | head_dim | intermediate | experts "
+        "(per token) | vocab | shared artifact | optimum-intel's artifact | NPU pipeline | seconds |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        w = r.get("widths") or {}
+        inter = w.get("intermediate", "-")
+        if w.get("expert_intermediate"):
+            inter = f"{inter}, experts {w['expert_intermediate']}"
+        experts = f"{w['experts']} ({w.get('experts_per_token', '?')})" if w.get("experts") else "-"
+        heads = f"{w.get('heads', '-')} / {w.get('kv_heads', w.get('heads', '-'))}"
+        lines.append(f"| {r['model_type']} | {r.get('checkpoint') or '-'} | {w.get('layers', '-')} | {w.get('hidden', '-')} | "
+                     f"{heads} | {w.get('head_dim', '-')} | {inter} | {experts} | {w.get('vocab', '-')} | "
+                     f"{_cell(r.get('npu_shared', '-'))} | {_cell(r.get('npu_with_past', '-'))} | {_cell(_verdict_label(r.get('npu')))} | "
+                     f"{(r.get('seconds') or {}).get('total', '-')} |")
+    return lines + [""]
+
+
 def render(results: list[dict], *, seconds: float, versions: dict, python: str,
-           compare: list[list[dict]] | None = None) -> str:
+           compare: list[list[dict]] | None = None, npu_results: dict | None = None,
+           npu_source: str = "docs/npu-real-width.json") -> str:
+    if npu_results is not None:
+        results = apply_npu_results(results, npu_results)
     multimodal = render_multimodal(results, versions=versions)
     results = [r for r in results if not _is_multimodal(r)]
     order = {PASS: 0, PARTIAL: 1, REFUSED: 2, NOT_BUILDABLE: 3}
@@ -532,10 +800,18 @@ def render(results: list[dict], *, seconds: float, versions: dict, python: str,
         "  token equal to PyTorch (`LLMPipeline` and `OVModelForCausalLM` with f32 inference precision);",
         "- **static**: `--shape-mode static --static-query-len 1 --max-cache-len 128`: its export validation, then the",
         "  same greedy check through `optimum_shared_graph.runtime()`;",
-        "- **NPU pipeline**: the same greedy check through OpenVINO GenAI's NPU pipeline with its partitions on the",
-        f"  CPU (`LLMPipeline(path, \"NPU\", {', '.join(f'{k}={v!r}' for k, v in NPUW.items())})`), which",
-        "  computes in f16, judged against optimum-intel's own `text-generation-with-past` artifact of the same model",
-        "  in the same run: a difference or a failure both artifacts share is NPUW's, and the cell says so.",
+        *(["- **NPU pipeline**: the same greedy check through OpenVINO GenAI's NPU pipeline with its partitions on the",
+           f"  CPU (`LLMPipeline(path, \"NPU\", {', '.join(f'{k}={v!r}' for k, v in NPUW.items())})`), which",
+           "  computes in f16, judged against optimum-intel's own `text-generation-with-past` artifact of the same model",
+           "  in the same run: a difference or a failure both artifacts share is NPUW's, and the cell says so."]
+          if npu_results is None else
+          ["- **NPU pipeline**: not on the tiny model (NPUW partitions by size and repeated blocks: a 2-layer model's result does not predict a",
+           "  released one's) but on a model of the type's released checkpoint's widths with 6 or more layers, exported both as",
+           "  `text-generation-shared` and as optimum-intel's `text-generation-with-past`, the same greedy check through",
+           "  OpenVINO GenAI's NPU pipeline with its partitions on the CPU, judged against optimum-intel's artifact: a",
+           "  difference or a failure both artifacts share is NPUW's, and the cell says so. Widths, checkpoints and the",
+           "  run: [NPU pipeline at real width](#npu-pipeline-at-real-width); a row without a real-width run says",
+           f"  \"{NOT_AT_REAL_WIDTH}\"."]),
         "",
         "A greedy difference is reported with PyTorch's own top-2 logit margin at that step, to tell a rounding",
         "near-tie from a real error. Checks are never loosened for a model type.",
@@ -550,16 +826,15 @@ def render(results: list[dict], *, seconds: float, versions: dict, python: str,
         f"{counts[PARTIAL]} exported with a runtime difference, {counts[REFUSED]} refused, "
         f"{counts[NOT_BUILDABLE]} not buildable from a configuration (remote code or no causal LM class).",
     ]
-    npu = [r.get("npu") or "" for r in results if r["status"] in (PASS, PARTIAL) and not (r.get("npu") or "").startswith("not run")]
-    if npu:
-        same = sum(n.startswith("as optimum-intel's") for n in npu)
-        neither = sum(n.startswith("NPUW runs neither") for n in npu)
-        alone = sum(n.startswith(NO_COMPARISON) for n in npu)
-        parity = sum(n == "parity" for n in npu)
-        lines += ["", f"NPU pipeline (NPUW on the CPU), of the {len(npu)} exported types: {parity} with parity, {same} with "
-                  f"a difference optimum-intel's own artifact shares token for token, {neither} that NPUW runs for "
-                  f"neither artifact (the same error), {alone} without parity that optimum-intel cannot export here "
-                  f"(nothing to compare), {len(npu) - parity - same - neither - alone} worse than optimum-intel's artifact."]
+    exported = [r for r in results if r["status"] in (PASS, PARTIAL)]
+    if npu_results is not None:
+        npu = [r.get("npu") or "" for r in exported if r.get("npu_real_width")]
+        if npu or exported:
+            lines += ["", _npu_summary(npu, real_width=True, not_measured=len(exported) - len(npu))]
+    else:
+        npu = [r.get("npu") or "" for r in exported if not (r.get("npu") or "").startswith("not run")]
+        if npu:
+            lines += ["", _npu_summary(npu, real_width=False)]
     if capped:
         lines += ["", "Exported despite an optimum-intel transformers version cap (validation passed under the installed "
                   f"transformers): {', '.join(capped)}."]
@@ -580,6 +855,8 @@ def render(results: list[dict], *, seconds: float, versions: dict, python: str,
     lines += [_row(r) for r in rows]
     if multimodal:
         lines += [""] + multimodal[:-1]
+    if npu_results is not None and npu_results.get("results"):
+        lines += [""] + render_npu_real_width(npu_results, source=npu_source)[:-1]
     if compare:
         lines += _comparison(results, compare)
     lines.append("")
@@ -604,6 +881,54 @@ def _versions() -> dict:
     return found
 
 
+def _repo_relative(path: str | Path) -> str:
+    path = Path(path).resolve()
+    return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
+
+
+def read_npu_results(path: str | Path) -> dict:
+    """The real-width NPU results file (`--npu-results`): {"versions", "machine", "results": [...]}; empty if absent."""
+    path = Path(path)
+    if not path.is_file():
+        return {"results": []}
+    return json.loads(path.read_text())
+
+
+def merge_npu_results(earlier: dict, fresh: list[dict], **about) -> dict:
+    """`earlier`'s rows with those of the types in `fresh` replaced (the others kept), and `about` updated."""
+    by_type = {r["model_type"]: r for r in fresh}
+    rows = [by_type.pop(r["model_type"], r) for r in earlier.get("results", [])] + list(by_type.values())
+    return dict(earlier, **about, results=rows)
+
+
+def _npu_sweep(args) -> int:
+    """`--npu-only`: the NPU check at released width for each type, the results file rewritten after each one."""
+    from optimum_shared_graph.released import RELEASED
+
+    if not args.npu_results:
+        raise SystemExit("--npu-only needs --npu-results FILE")
+    types = args.types or list(RELEASED)
+    unknown = [t for t in types if t not in RELEASED]
+    if unknown:
+        raise SystemExit(f"no released-width configuration for {', '.join(unknown)} (optimum_shared_graph/released.py)")
+    about = dict(versions=_versions(), machine=f"{platform.machine()}, {os.cpu_count()} CPUs, no NPU (NPUW's "
+                 "partitions on the CPU)", weight_format=NPU_WEIGHT_FORMAT, npuw=NPUW, new_tokens=NEW_TOKENS,
+                 prompts=PROMPTS)
+    t0 = time.monotonic()
+    with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
+        futures = [pool.submit(_run_subprocess, t, args.timeout, sys.executable, False, True, real_width=True,
+                               layers=args.npu_layers)
+                   for t in types]
+        for future in as_completed(futures):
+            result = future.result()
+            data = merge_npu_results(read_npu_results(args.npu_results), [result], **about)
+            Path(args.npu_results).write_text(json.dumps(data, indent=1, default=str) + "\n")
+            print(f"{result['model_type']:20s} {(result.get('seconds') or {}).get('total', '')!s:>7} s  "
+                  f"{result.get('npu', '')[:200]}", flush=True)
+    print(f"{len(types)} types in {(time.monotonic() - t0) / 60:.1f} min -> {args.npu_results}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--types", nargs="*", help="model types to run (default: all supported)")
@@ -621,6 +946,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-static", dest="static", action="store_false", help="skip the static export")
     parser.add_argument("--no-npu", dest="npu", action="store_false",
                         help="skip the NPU pipeline check (and optimum-intel's own export it compares with)")
+    parser.add_argument("--npu-only", action="store_true",
+                        help="run only the NPU pipeline check at released width (optimum_shared_graph/released.py; "
+                             "default: every type it has, --types to choose) and merge the results into --npu-results")
+    parser.add_argument("--npu-results", help="JSON of the NPU check at released width: written by --npu-only (types "
+                                              "run replace their rows), read by the sweep and --render-only for the NPU "
+                                              "column (the sweep then skips the tiny models' NPU check)")
+    parser.add_argument("--npu-layers", type=int, help="with --npu-only: this many layers instead of released.py's")
     parser.add_argument("--one", help=argparse.SUPPRESS)
     parser.add_argument("--workdir", help=argparse.SUPPRESS)
     parser.add_argument("--result", help=argparse.SUPPRESS)
@@ -628,11 +960,19 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.one:
         try:
-            result = run_one(args.one, Path(args.workdir), static=args.static, npu=args.npu)
+            if args.npu_only:
+                result = run_npu_one(args.one, Path(args.workdir), layers=args.npu_layers)
+            else:
+                result = run_one(args.one, Path(args.workdir), static=args.static, npu=args.npu)
         except Exception as err:  # noqa: BLE001
-            result = {"model_type": args.one, "status": REFUSED, "reason": f"coverage worker error: {type(err).__name__}: {_first_line(err)}"}
+            error = f"coverage worker error: {type(err).__name__}: {_first_line(err)}"
+            result = ({"model_type": args.one, "npu": error} if args.npu_only else
+                      {"model_type": args.one, "status": REFUSED, "reason": error})
         Path(args.result).write_text(json.dumps(result, indent=1, default=str))
         return 0
+    if args.npu_only:
+        return _npu_sweep(args)
+    npu_results = read_npu_results(args.npu_results) if args.npu_results else None
 
     from optimum_shared_graph import supported_model_types
 
@@ -649,7 +989,8 @@ def main(argv: list[str] | None = None) -> int:
         t0 = time.monotonic()
         results = []
         with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
-            for result in pool.map(lambda t: _run_subprocess(t, args.timeout, sys.executable, args.static, args.npu), types):
+            npu = args.npu and npu_results is None  # the NPU column comes from the real-width results
+            for result in pool.map(lambda t: _run_subprocess(t, args.timeout, sys.executable, args.static, npu), types):
                 results.append(result)
                 print(f"{result['model_type']:28s} {result['status']:18s} {result.get('seconds', '')!s:>6} "
                       f"{result.get('reason', '')[:150]}", flush=True)
@@ -667,7 +1008,8 @@ def main(argv: list[str] | None = None) -> int:
         Path(args.output).write_text(splice_multimodal(page, render_multimodal(results, versions=versions)))
     else:
         Path(args.output).write_text(render(results, seconds=seconds, versions=versions, python=sys.executable,
-                                            compare=compare))
+                                            compare=compare, npu_results=npu_results,
+                                            npu_source=_repo_relative(args.npu_results) if args.npu_results else ""))
     if args.results:
         Path(args.results).write_text(json.dumps({"seconds": seconds, "versions": _versions(), "results": results},
                                                  indent=1, default=str))

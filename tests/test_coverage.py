@@ -120,3 +120,112 @@ def test_multimodal_rows_have_their_own_section_and_update_only_it():
     assert cov.splice_multimodal(updated, cov.render_multimodal([refused], versions={"transformers": "y"})) == updated
     without = page.replace(page[page.index(cov.MULTIMODAL_HEADING):page.index("## Choosing")], "")
     assert cov.splice_multimodal(without, cov.render_multimodal([refused], versions={})).count(cov.MULTIMODAL_HEADING) == 1
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The NPU column at released width (`scripts/coverage.py --npu-only`); quick: configurations only, no export
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def test_released_width_configs_have_the_checkpoints_widths_and_few_layers():
+    from optimum_shared_graph import supported_model_types
+    from optimum_shared_graph.released import RELEASED, released_checkpoint, released_width_config, widths
+
+    supported = set(supported_model_types())
+    for model_type, (checkpoint, _) in RELEASED.items():
+        assert model_type in supported, model_type
+        config = released_width_config(model_type)
+        w = widths(config)
+        assert config.model_type == model_type and "/" in checkpoint
+        assert 6 <= w["layers"] <= 26 and w["vocab"] >= 512 and w["hidden"] >= 768, (model_type, w)
+        assert config.initializer_range == 0.1 and config.eos_token_id == 2
+    # the shape the tracker measured: Qwen3-4B's widths
+    assert released_checkpoint("qwen3") == "Qwen/Qwen3-4B"
+    assert widths(released_width_config("qwen3")) == dict(layers=6, hidden=2560, heads=32, kv_heads=8, head_dim=128,
+                                                          intermediate=9728, vocab=151936, tied=True)
+    # a mixture of experts keeps each expert's width and the router's top-k, with fewer experts
+    moe = widths(released_width_config("qwen3_moe"))
+    assert moe["expert_intermediate"] == 768 and moe["experts_per_token"] == 8 and moe["experts"] < 128
+    # 6 layers (NPUW keeps a repeated block from 5 repeats), the checkpoint's per-layer pattern kept
+    assert released_width_config("gemma2").layer_types == ["sliding_attention", "full_attention"] * 5
+    assert released_width_config("gemma3_text").layer_types[:6] == ["sliding_attention"] * 5 + ["full_attention"]
+    assert released_width_config("gemma3_text").num_hidden_layers == 26  # gemma-3-1b-it's own depth
+    assert released_width_config("smollm3").no_rope_layers == [1, 1, 1, 0, 1, 1]
+
+
+def _refs(*tokens):
+    """PyTorch references as the coverage script keeps them: (encoding, sequence, scores) per prompt."""
+    import torch
+
+    refs = []
+    for toks in tokens:
+        enc = {"input_ids": torch.tensor([[5, 6]])}
+        scores = [torch.nn.functional.one_hot(torch.tensor([t]), 16).float() for t in toks]
+        refs.append((enc, torch.tensor([[5, 6, *toks]]), scores))
+    return refs
+
+
+def test_npu_verdict_judges_ours_against_optimum_intels_artifact():
+    cov = _coverage_module()
+    refs = _refs([7, 8], [9, 10])
+    right, wrong = [[7, 8], [9, 10]], [[7, 3], [9, 10]]
+    assert cov.npu_verdict(refs, right, None, right, None) == "parity"
+    assert cov.npu_verdict(refs, right, None, wrong, None).startswith("parity (optimum-intel's artifact: NPUW: token 1")
+    assert cov.npu_verdict(refs, wrong, None, wrong, None).startswith("as optimum-intel's artifact, token for token")
+    assert cov.npu_verdict(refs, wrong, None, right, None).startswith("differs from optimum-intel's artifact")
+    assert cov.npu_verdict(refs, None, "RuntimeError: x", None, "RuntimeError: x").startswith("NPUW runs neither")
+    assert cov.npu_verdict(refs, None, "RuntimeError: x", right, None) == "failed: RuntimeError: x (optimum-intel's artifact: parity)"
+    assert cov.npu_verdict(refs, wrong, None, theirs_exported=False).startswith(cov.NO_COMPARISON)
+
+
+def test_npu_results_merge_and_render_the_column_from_real_width():
+    """`--npu-only` merges into the results file (types run replace their rows); the page's NPU column and summary
+    come from it, and a type without a real-width run says so."""
+    cov = _coverage_module()
+    w = dict(layers=2, hidden=2560, heads=32, kv_heads=8, head_dim=128, intermediate=9728, vocab=151936, tied=True)
+    earlier = {"results": [{"model_type": "llama", "npu": "failed: old"}, {"model_type": "qwen3", "npu": "old"}]}
+    fresh = [{"model_type": "llama", "checkpoint": "meta-llama/Llama-3.1-8B-Instruct", "widths": w, "npu": "parity",
+              "npu_shared": "parity", "npu_with_past": "parity", "seconds": {"total": 300.0}}]
+    merged = cov.merge_npu_results(earlier, fresh, machine="x86_64, 2 CPUs", weight_format="fp16")
+    assert [r["model_type"] for r in merged["results"]] == ["llama", "qwen3"]
+    assert merged["results"][0]["npu"] == "parity" and merged["results"][1]["npu"] == "old"
+    assert merged["machine"] == "x86_64, 2 CPUs"
+
+    passed = {"status": cov.PASS, "validation": {"status": "passed", "max_abs_diff_prefill": 1e-6,
+                                                 "max_abs_diff_decode": 2e-6},
+              "ovmodel": "parity", "genai": "parity", "static": "parity"}
+    results = [dict(passed, model_type="llama", npu="NPUW runs neither artifact: tiny"),
+               dict(passed, model_type="gemma", npu="not run (--no-npu)")]
+    npu = {"results": [merged["results"][0]], "machine": "x86_64, 2 CPUs, no NPU", "weight_format": "fp16",
+           "versions": {"openvino": "2026.4.1"}}
+    page = cov.render(results, seconds=60, versions={"transformers": "x"}, python=sys.executable, npu_results=npu,
+                      npu_source="docs/npu-real-width.json")
+    llama = next(line for line in page.splitlines() if line.startswith("| llama | exported"))
+    gemma = next(line for line in page.splitlines() if line.startswith("| gemma | exported"))
+    assert "| parity |" in llama.split("| passed")[1] and "tiny" not in llama
+    assert cov.NOT_AT_REAL_WIDTH in gemma
+    assert "at released width, of the 1 exported types measured there: 1 with parity" in page
+    assert "1 exported types are not measured at real width" in page
+    # a run skipped or crashed is not a result; an export refused at real width is counted as such
+    npu["results"] += [dict(model_type="gemma", npu="not run here: too large"),
+                       dict(model_type="qwen3", npu=cov.EXPORT_REFUSED_AT_REAL_WIDTH + ": validation failed")]
+    results.append(dict(passed, model_type="qwen3"))
+    page = cov.render(results, seconds=60, versions={"transformers": "x"}, python=sys.executable, npu_results=npu)
+    assert "of the 2 exported types measured there: 1 with parity" in page
+    assert "0 worse than optimum-intel's artifact, 1 whose export this package refused at real width" in page
+    assert "1 exported types are not measured at real width" in page
+    assert "## NPU pipeline at real width" in page and "docs/npu-real-width.json" in page
+    assert "| llama | meta-llama/Llama-3.1-8B-Instruct | 2 | 2560 | 32 / 8 | 128 | 9728 |" in page
+    # without real-width results the page is as before: the tiny models' NPU cells
+    plain = cov.render(results, seconds=60, versions={"transformers": "x"}, python=sys.executable)
+    assert "## NPU pipeline at real width" not in plain and "NPUW runs neither artifact: tiny" in plain
+
+
+def test_npu_only_skips_a_mixture_of_experts_too_large_to_compile_here(monkeypatch):
+    cov = _coverage_module()
+    monkeypatch.setenv("OPTIMUM_SHARED_GRAPH_MEMORY", str(8 * 2**30))
+    assert cov._npu_memory_refusal("llama", None) is None  # dense: not estimated
+    refusal = cov._npu_memory_refusal("mixtral", None)
+    assert refusal.startswith("not run here: a mixture of experts of") and "8 GiB available" in refusal
+    monkeypatch.setenv("OPTIMUM_SHARED_GRAPH_MEMORY", str(2**40))
+    assert cov._npu_memory_refusal("mixtral", None) is None

@@ -17,7 +17,7 @@ LAYERS = [
     {"proof"},  # the stored reference, the rules that judge against it, validate() of a deployed artifact
     {"quantization"},  # calibration on both stages and on static graphs
     {"pipeline"},  # the export, stage by stage
-    {"api", "cli", "validate_cli", "__main__", "_cli_hook", "__init__", "testing"},  # the public face
+    {"api", "cli", "validate_cli", "__main__", "_cli_hook", "__init__", "testing", "released"},  # the public face
 ]
 
 

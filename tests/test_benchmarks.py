@@ -63,7 +63,7 @@ def test_quick_run_end_to_end(tmp_path):
     assert (docs / "benchmarks.png").stat().st_size > 0
 
 
-@pytest.mark.slow  # 44 s; the export under a limit is checked in the default run by test_memory.py and test_bad_input.py
+@pytest.mark.slow  # 44 s; the default run keeps the memory read under a real cgroup limit (test_memory.py) and validation in parts (test_bad_input.py, test_validate.py)
 @pytest.mark.timeout(660)
 def test_memory_suite_on_the_toy_model(tmp_path):
     """`benchmarks/memory.py`: exports under a cgroup memory limit, which completes, the page."""

@@ -131,7 +131,8 @@ def test_stateless_export(tiny_model, tmp_path):
     assert torch.equal(_greedy(pt, enc), _greedy(ov_model, enc))
 
 
-@pytest.mark.parametrize("weight_format", ["fp16", "int8", "int4"])
+# int8 also in the default run through test_proof.py's int8 artifact (exported and validated) and test_calibration.py
+@pytest.mark.parametrize("weight_format", ["fp16", pytest.param("int8", marks=pytest.mark.slow), "int4"])
 def test_weight_formats_and_bin_size(weight_format, tiny_model, tmp_path):
     """Weights stored once: the .bin is at most 1.02x optimum-intel's text-generation-with-past export."""
     model = str(tiny_model("qwen2", hidden_size=128, intermediate_size=256))

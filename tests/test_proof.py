@@ -15,23 +15,23 @@ import optimum_shared_graph as osg
 from optimum_shared_graph.manifest import MANIFEST_NAME, digest_graph_files, read_manifest
 from optimum_shared_graph.proof.stored import REFERENCE_NAME
 
-TASK = ["--task", "text-generation-shared"]
 # OpenVINO GenAI's NPU pipeline with its partitions on the CPU, as on a machine without an NPU.
 NPUW = {"NPU_USE_NPUW": "YES", "NPUW_DEVICES": "CPU"}
 
 
 @pytest.fixture(scope="module")
 def artifacts(tiny_model, tmp_path_factory):
-    """`artifacts(kind)` -> an artifact of the tiny llama: "dynamic", "static", "int8", "unchecked" (exported once)."""
-    flags = {"dynamic": [], "static": ["--shape-mode", "static", "--max-cache-len", "64"],
-             "int8": ["--weight-format", "int8"], "unchecked": ["--skip-validation"]}
+    """`artifacts(kind)` -> an artifact of the tiny llama: "dynamic", "static", "int8", "unchecked" (exported once,
+    through the Python API: the command line's export is the same pipeline, tested in test_export_cli.py)."""
+    options = {"dynamic": {}, "static": {"shape_mode": "static", "max_cache_len": 64},
+               "int8": {"weight_format": "int8"}, "unchecked": {"skip_validation": True}}
     made = {}
 
     def get(kind: str):
         if kind not in made:
             out = tmp_path_factory.mktemp("proof") / kind
             model = tiny_model("llama", **QUANTIZABLE) if kind == "int8" else tiny_model("llama")
-            run_cli("export", "openvino", "-m", str(model), *TASK, str(out), *flags[kind], check=True)
+            osg.export(str(model), out, quiet=True, **options[kind])
             made[kind] = out
         return made[kind]
 

@@ -15,13 +15,13 @@ The manifest records under `validation.reference` the file name, its sha256, its
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from ..errors import ArtifactValidationError
+from ..manifest import sha256_file
 
 REFERENCE_NAME = "shared_graph_reference.npz"
 
@@ -56,7 +56,7 @@ class Reference:
         arrays = {"prompt_ids": self.prompt_ids, "prompt_mask": self.prompt_mask, "fed": self.fed, "logits": self.logits}
         with open(target, "wb") as f:
             np.savez_compressed(f, **arrays)
-        return {"file": REFERENCE_NAME, "sha256": _sha256(target), "bytes": target.stat().st_size,
+        return {"file": REFERENCE_NAME, "sha256": sha256_file(target), "bytes": target.stat().st_size,
                 "judged_against": self.judged_against, "calls": int(self.logits.shape[0]),
                 "batch": int(self.logits.shape[1]), "prompt_tokens": int(self.prompt_ids.shape[1])}
 
@@ -78,7 +78,7 @@ class Reference:
         if "/" in name or "\\" in name or not target.is_file():
             raise ArtifactValidationError(f"{directory} lacks its stored reference {name}: copy the whole artifact "
                                           "directory, or re-export it")
-        if _sha256(target) != record.get("sha256"):
+        if sha256_file(target) != record.get("sha256"):
             raise ArtifactValidationError(f"{target} does not match the sha256 in the manifest: copy the artifact "
                                           "again, or re-export it")
         with np.load(target, allow_pickle=False) as data:
@@ -86,11 +86,3 @@ class Reference:
         return cls(prompt_ids=arrays["prompt_ids"], prompt_mask=arrays["prompt_mask"], fed=arrays["fed"],
                    logits=arrays["logits"],
                    judged_against=record.get("judged_against", "pytorch"))
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()

@@ -113,6 +113,22 @@ def run_cli(*args: str, check: bool = False, timeout: int = 600) -> subprocess.C
     return proc
 
 
+def run_cli_in_process(*args: str) -> None:
+    """Run `optimum-cli` in this process: the same entry point (`optimum.commands.optimum_cli.main`, our
+    `commands/register/` hook included) with `sys.argv` set, without a fresh interpreter's ~10 s of imports.
+    For exports a test compares rather than tests as a command (`run_cli` runs a command as a user does)."""
+    from unittest import mock
+
+    from optimum.commands.optimum_cli import main
+
+    with mock.patch.object(sys, "argv", ["optimum-cli", *args]):
+        try:
+            main()
+        except SystemExit as exit_:
+            if exit_.code:
+                raise AssertionError(f"optimum-cli {' '.join(args)} exited with {exit_.code}") from exit_
+
+
 def _optimum_cli() -> str:
     beside = Path(sys.executable).parent / "optimum-cli"
     return str(beside) if beside.exists() else "optimum-cli"

@@ -27,6 +27,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from .testing import seq2seq_structure
+
 _TOKENS = dict(bos_token_id=1, eos_token_id=2, pad_token_id=0)
 LAYERS = 6
 
@@ -258,6 +260,68 @@ RELEASED: dict[str, tuple[str, dict[str, Any]]] = {
         vocab_size=102400, max_position_embeddings=65536, sliding_window=None, layer_types=["full_attention"] * LAYERS,
         tie_word_embeddings=True,
         rope_parameters=_rope(1000000.0, factor=16.0, **{k: v for k, v in _LLAMA3_8K.items()}))),
+    # moonshotai/Moonlight-16B-A3B-Instruct, the best-known deepseek_v3 checkpoint an NPU laptop could hold
+    # (DeepSeek-V3 itself has 671 B parameters): multi-head latent attention without a query LoRA, 64 experts
+    # (top 6) there, 8 here, 2 shared, the first layer dense, sigmoid routing with one group
+    "deepseek_v3": ("moonshotai/Moonlight-16B-A3B-Instruct", dict(
+        hidden_size=2048, intermediate_size=11264, moe_intermediate_size=1408, n_routed_experts=8,
+        num_experts_per_tok=6, n_shared_experts=2, first_k_dense_replace=1, n_group=1, topk_group=1,
+        norm_topk_prob=True, routed_scaling_factor=2.446, num_attention_heads=16, num_key_value_heads=16,
+        q_lora_rank=None, kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64, head_dim=64, v_head_dim=128,
+        vocab_size=163840, max_position_embeddings=8192, tie_word_embeddings=False, rope_parameters=_rope(50000.0))),
+    "hunyuan_v1_dense": ("tencent/Hunyuan-1.8B-Instruct (its dynamic-NTK rotary scaling left out: default rotary)",
+                         dict(hidden_size=2048, intermediate_size=6144, num_attention_heads=16, num_key_value_heads=4,
+                              head_dim=128, vocab_size=120818, max_position_embeddings=32768, rms_norm_eps=1e-5,
+                              tie_word_embeddings=True, rope_parameters=_rope(10000.0))),
+    # one period of its 4 sliding (window 512) : 1 full pattern and one more sliding layer (30 layers there), the
+    # last layer reusing the KV of the last sliding layer before it (the last 10 of 30 share there), the first
+    # third's MLP activations sparsified (0.95) as there; AltUp over 4 inputs, LAuReL rank 64, per-layer input
+    # embeddings of 256, final logit softcap 30, tied head
+    "gemma3n_text": ("google/gemma-3n-E2B-it", dict(
+        hidden_size=2048, intermediate_size=8192, num_attention_heads=8, num_key_value_heads=2, head_dim=256,
+        vocab_size=262400, vocab_size_per_layer_input=262144, hidden_size_per_layer_input=256,
+        layer_types=["sliding_attention"] * 4 + ["full_attention", "sliding_attention"], sliding_window=512,
+        num_kv_shared_layers=1, activation_sparsity_pattern=[0.95] * 2 + [0.0] * 4, laurel_rank=64,
+        altup_num_inputs=4, final_logit_softcapping=30.0, max_position_embeddings=32768, tie_word_embeddings=True)),
+    # Gemma4TextConfig's default widths (5 sliding-window layers of heads 256 wide, then 1 full-attention layer of
+    # heads 512 wide with proportional partial rotary; per-layer input embeddings of 256): one period of its pattern
+    "gemma4_text": ("Gemma4TextConfig's default widths (its docstring names google/gemma-4-e2b-it)", dict(
+        hidden_size=2304, intermediate_size=9216, num_attention_heads=8, num_key_value_heads=4, head_dim=256,
+        global_head_dim=512, vocab_size=262144, vocab_size_per_layer_input=262144, hidden_size_per_layer_input=256,
+        layer_types=["sliding_attention"] * 5 + ["full_attention"], sliding_window=512, num_kv_shared_layers=0,
+        final_logit_softcapping=30.0, tie_word_embeddings=True)),
+    # 5 Mamba-2 layers then the attention layer (4 of 40 layers attend there, without positions), 64 experts (top 6)
+    # there, 16 here, a shared expert, grouped KV heads, tied head
+    "granitemoehybrid": ("ibm-granite/granite-4.0-h-tiny", dict(
+        hidden_size=1536, intermediate_size=512, shared_intermediate_size=1024, num_local_experts=16,
+        num_experts_per_tok=6, num_attention_heads=12, num_key_value_heads=4, layer_types=["mamba"] * 5 + ["attention"],
+        mamba_n_heads=48, mamba_d_head=64, mamba_expand=2, mamba_n_groups=1, mamba_d_state=128, mamba_d_conv=4,
+        mamba_chunk_size=256, position_embedding_type="nope", vocab_size=100352, max_position_embeddings=131072,
+        tie_word_embeddings=True)),
+    # 5 Mamba-2 layers then a hybrid layer (the shared transformer block with LoRA adapters of rank 128; 6 of 38
+    # layers there), attention over [hidden, embeddings] with 32 heads, tied head
+    "zamba2": ("Zyphra/Zamba2-1.2B", dict(
+        hidden_size=2048, intermediate_size=8192, num_attention_heads=32, num_key_value_heads=32, n_mamba_heads=64,
+        mamba_d_state=64, mamba_d_conv=4, mamba_expand=2, mamba_ngroups=1, chunk_size=256, num_mem_blocks=1,
+        use_shared_attention_adapter=True, adapter_rank=128, use_mem_rope=True,
+        layers_block_type=["mamba"] * 5 + ["hybrid"], vocab_size=32000, max_position_embeddings=4096,
+        tie_word_embeddings=True)),
+    # the sequence-to-sequence families' decoders (their causal LMs), as many encoder layers as decoder layers;
+    # the head untied (tied there: with a tied head a random-init model only echoes its prompt, see testing.py)
+    # (their structure, pre- or post-norm, positions, activation, is the tiny models': testing.seq2seq_structure)
+    **{t: (checkpoint, dict(seq2seq_structure(t), d_model=d, decoder_attention_heads=h, encoder_attention_heads=h,
+                            decoder_ffn_dim=f, encoder_ffn_dim=f, decoder_layers=LAYERS, vocab_size=v,
+                            init_std=0.1, tie_word_embeddings=False, **extra))
+       for t, checkpoint, d, h, f, v, extra in (
+           ("bart", "facebook/bart-large", 1024, 16, 4096, 50265, {}),
+           ("mbart", "facebook/mbart-large-50", 1024, 16, 4096, 250054, {}),
+           ("marian", "Helsinki-NLP/opus-mt-en-de", 512, 8, 2048, 58101, dict(decoder_vocab_size=58101)),
+           ("pegasus", "google/pegasus-large", 1024, 16, 4096, 96103, {}),
+           ("blenderbot", "facebook/blenderbot-400M-distill (12 decoder layers on 2 encoder layers there)", 1280, 32,
+            5120, 8008, {}),
+           ("blenderbot-small", "facebook/blenderbot_small-90M", 512, 16, 2048, 54944, {}),
+           ("bigbird_pegasus", "google/bigbird-pegasus-large-arxiv", 1024, 16, 4096, 96103, {}),
+       )},
     "gpt_neox_japanese": ("abeja/gpt-neox-japanese-2.7b", dict(
         hidden_size=2560, num_attention_heads=32, intermediate_multiple_size=4, vocab_size=32000,
         max_position_embeddings=2048, rope_parameters=_rope(10000.0, partial_rotary_factor=1.0))),
@@ -296,7 +360,7 @@ def widths(config) -> dict[str, Any]:
         "heads": ("num_attention_heads", "n_head", "num_heads", "attention_heads"),
         "kv_heads": ("num_key_value_heads",),
         "head_dim": ("head_dim",),
-        "intermediate": ("intermediate_size", "ffn_dim", "n_inner"),
+        "intermediate": ("intermediate_size", "ffn_dim", "n_inner", "decoder_ffn_dim"),
         "expert_intermediate": ("moe_intermediate_size",),
         "experts": ("num_experts", "num_local_experts", "n_routed_experts"),
         "experts_per_token": ("num_experts_per_tok",),
@@ -304,6 +368,8 @@ def widths(config) -> dict[str, Any]:
     }.items():
         for name in names:
             value = getattr(text, name, None)
+            if isinstance(value, list) and value:  # per layer (gemma3n_text's intermediate_size)
+                value = max(value)
             if isinstance(value, (int, float)) and not isinstance(value, bool):
                 found[key] = value
                 break

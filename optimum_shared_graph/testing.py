@@ -327,6 +327,12 @@ def build_tokenizer(out_dir: str | Path) -> Any:
     return fast
 
 
+def seq2seq_structure(model_type: str) -> dict[str, Any]:
+    """A sequence-to-sequence family's structural keys (pre- or post-norm, positions, activation, embedding scale)
+    as its tiny configuration has them, without the sizes (`_SEQ2SEQ`) or the tiny vocabulary."""
+    return {k: v for k, v in _OVERRIDES[model_type].items() if k not in _SEQ2SEQ and k != "decoder_vocab_size"}
+
+
 def buildable_reason(model_type: str) -> str | None:
     """Why transformers cannot build a causal LM of `model_type` from a configuration, or None if it can."""
     from transformers import CONFIG_MAPPING

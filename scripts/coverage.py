@@ -678,6 +678,12 @@ def apply_npu_results(results: list[dict], npu_results: dict) -> list[dict]:
             if r["model_type"] in real and not _is_multimodal(r):
                 r["npu"] = real[r["model_type"]].get("npu") or "no result"
                 r["npu_real_width"] = True
+            elif _is_multimodal(r) and r.get("exported_model_type") in real:
+                # what the export writes for a multimodal checkpoint is its language model's graph
+                text = real[r["exported_model_type"]]
+                r["npu"] = (f"{text.get('npu') or 'no result'} (its language model, measured as "
+                            f"{r['exported_model_type']} at {text.get('checkpoint', '?')}'s widths)")
+                r["npu_real_width"] = True
             else:
                 r["npu"] = NOT_AT_REAL_WIDTH + (f" (tiny model: {tiny})" if tiny and not tiny.startswith("not run") else "")
         rows.append(r)

@@ -137,8 +137,9 @@ def test_released_width_configs_have_the_checkpoints_widths_and_few_layers():
         config = released_width_config(model_type)
         w = widths(config)
         assert config.model_type == model_type and "/" in checkpoint
-        assert 6 <= w["layers"] <= 26 and w["vocab"] >= 512 and w["hidden"] >= 768, (model_type, w)
-        assert config.initializer_range == 0.1 and config.eos_token_id == 2
+        assert 6 <= w["layers"] <= 26 and w["vocab"] >= 512 and w["hidden"] >= 512, (model_type, w)
+        init = getattr(config, "initializer_range", None) or config.init_std  # init_std: the seq2seq families
+        assert init == 0.1 and config.eos_token_id == 2, model_type
     # the shape the tracker measured: Qwen3-4B's widths
     assert released_checkpoint("qwen3") == "Qwen/Qwen3-4B"
     assert widths(released_width_config("qwen3")) == dict(layers=6, hidden=2560, heads=32, kv_heads=8, head_dim=128,
@@ -151,6 +152,10 @@ def test_released_width_configs_have_the_checkpoints_widths_and_few_layers():
     assert released_width_config("gemma3_text").layer_types[:6] == ["sliding_attention"] * 5 + ["full_attention"]
     assert released_width_config("gemma3_text").num_hidden_layers == 26  # gemma-3-1b-it's own depth
     assert released_width_config("smollm3").no_rope_layers == [1, 1, 1, 0, 1, 1]
+    # a sequence-to-sequence family: the decoder sized (its causal LM), its tiny model's structure kept
+    bart = released_width_config("bart")
+    assert (bart.d_model, bart.decoder_layers, bart.decoder_attention_heads, bart.decoder_ffn_dim) == (1024, 6, 16, 4096)
+    assert bart.normalize_embedding and not bart.scale_embedding and bart.encoder_layers == bart.decoder_layers
 
 
 def _refs(*tokens):

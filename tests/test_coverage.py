@@ -221,6 +221,13 @@ def test_npu_results_merge_and_render_the_column_from_real_width():
     assert "1 exported types are not measured at real width" in page
     assert "## NPU pipeline at real width" in page and "docs/npu-real-width.json" in page
     assert "| llama | meta-llama/Llama-3.1-8B-Instruct | 2 | 2560 | 32 / 8 | 128 | 9728 |" in page
+    # a multimodal checkpoint's export is its language model's graph: its cell is that text type's real-width result
+    rows = cov.apply_npu_results([dict(passed, model_type="qwen3_5", exported_model_type="qwen3_5_text"),
+                                  dict(passed, model_type="gemma3", exported_model_type="gemma3_text")],
+                                 {"results": [dict(model_type="qwen3_5_text", checkpoint="Qwen/Qwen3.5-27B",
+                                                   npu="parity")]})
+    assert rows[0]["npu"] == "parity (its language model, measured as qwen3_5_text at Qwen/Qwen3.5-27B's widths)"
+    assert rows[1]["npu"].startswith(cov.NOT_AT_REAL_WIDTH)
     # without real-width results the page is as before: the tiny models' NPU cells
     plain = cov.render(results, seconds=60, versions={"transformers": "x"}, python=sys.executable)
     assert "## NPU pipeline at real width" not in plain and "NPUW runs neither artifact: tiny" in plain

@@ -7,6 +7,7 @@ import numpy as np
 from .decompose import Capture
 from ..errors import ExportValidationError
 from ..proof.judge import RELATIVE_TOLERANCE, judge_logits, scaled_tolerance
+from ..proof.stored import teacher_forced
 from ..graph.parts import PartPlan, build_parts
 from ..progress import bar
 from ..runtimes.session import EXACT_CONFIG, GraphSession
@@ -85,10 +86,8 @@ def judge_export(outputs: list[np.ndarray], run: dict, capture: Capture, weight_
 
 
 def _teacher_forced(capture: Capture):
-    """The (input_ids, attention_mask) of each call: the prompt, then generate()'s picks one at a time."""
-    yield capture.prompt_ids, capture.prompt_mask
-    for i in range(len(capture.calls) - 1):
-        yield capture.tokens[:, i : i + 1], None
+    """The (input_ids, attention_mask) of each captured call: the prompt, then generate()'s picks one at a time."""
+    return teacher_forced(capture.prompt_ids, capture.prompt_mask, capture.tokens, len(capture.calls))
 
 
 def _last_logits_whole(ov_model, capture: Capture, session_class) -> list[np.ndarray]:

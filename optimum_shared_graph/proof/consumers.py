@@ -35,12 +35,6 @@ def run(consumer: str, path: Path, manifest: Manifest, reference: Reference, dev
     return _RUNNERS[consumer](path, manifest, reference, device, properties)
 
 
-def _teacher_forced_calls(reference: Reference):
-    yield reference.prompt_ids, reference.prompt_mask
-    for i in range(reference.fed.shape[1] - 1):
-        yield reference.fed[:, i : i + 1], None
-
-
 def _compiled_precision(compiled) -> dict:
     found = {}
     for key, name in (("INFERENCE_PRECISION_HINT", "inference"), ("KV_CACHE_PRECISION", "kv_cache")):
@@ -66,7 +60,7 @@ def _openvino(path: Path, manifest: Manifest, reference: Reference, device: str,
         session = GraphSession(compiled, model_type=(manifest.model or {}).get("exported_model_type")
                                or (manifest.model or {}).get("model_type"))
     session.reset()
-    outputs = [session.step(ids, mask)[:, -1, :].astype(np.float32) for ids, mask in _teacher_forced_calls(reference)]
+    outputs = [session.step(ids, mask)[:, -1, :].astype(np.float32) for ids, mask in reference.teacher_forced()]
     return outputs, _compiled_precision(compiled)
 
 

@@ -26,6 +26,14 @@ from ..manifest import sha256_file
 REFERENCE_NAME = "shared_graph_reference.npz"
 
 
+def teacher_forced(prompt_ids, prompt_mask, fed, calls: int):
+    """The (input_ids, attention_mask) of each of `calls` calls: the prompt, then the fed tokens one at a time
+    (the mask None: the consumer extends it). Over a capture (the export) and a stored reference (`validate`)."""
+    yield prompt_ids, prompt_mask
+    for i in range(calls - 1):
+        yield fed[:, i : i + 1], None
+
+
 @dataclass
 class Reference:
     prompt_ids: np.ndarray
@@ -37,6 +45,10 @@ class Reference:
     @property
     def calls(self) -> list[np.ndarray]:
         return list(self.logits)
+
+    def teacher_forced(self):
+        """Each stored call's (input_ids, attention_mask): see `teacher_forced`."""
+        return teacher_forced(self.prompt_ids, self.prompt_mask, self.fed, self.fed.shape[1])
 
     @classmethod
     def from_capture(cls, capture, graph_logits: list[np.ndarray] | None = None) -> "Reference":

@@ -14,6 +14,7 @@ import shutil
 from pathlib import Path
 
 from ..errors import ArtifactWriteError, SharedGraphError
+from ..graph.precision import keep_vectors_exact
 
 
 # Below this many free bytes after a failed write, the disk is taken to be what failed it.
@@ -170,6 +171,9 @@ def one_model_load(on_model, *, load_error, before_save=None, load_kwargs=None):
     def save_model(model, *args, **kwargs):
         if before_save is not None:
             before_save(model)
+        ov_config = kwargs.get("ov_config", args[1] if len(args) > 1 else None)
+        if getattr(ov_config, "dtype", None) == "fp16":  # what makes optimum-intel save with compress_to_fp16
+            keep_vectors_exact(model)
         return original_save(model, *args, **kwargs)
 
     def export_from_model(model, *args, **kwargs):

@@ -33,6 +33,7 @@ import numpy as np
 
 from ..errors import InvalidOptionsError, ModelNotSupportedError
 from ..graph.logits import slice_logits
+from ..graph.precision import keep_vectors_exact
 from ..graph.static import StaticShapes, make_static_stateful
 from ..manifest import GRAPH_BIN, GRAPH_XML, STATIC_GRAPH_XML
 from ..options import DEFAULT_MAX_CACHE_CAP, ExportOptions
@@ -562,6 +563,8 @@ def trace_static_graph(pt_model, raw: Path, shapes: StaticShapes, opts: ExportOp
             for name, value in reference.get_rt_info()[key].items():
                 ov_model.set_rt_info(value.astype(str), [key, name])
     del reference
+    if weight_format == "fp16":
+        keep_vectors_exact(ov_model)
     ov.save_model(ov_model, raw / STATIC_GRAPH_XML, compress_to_fp16=(weight_format == "fp16"))
     return fitting
 

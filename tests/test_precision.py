@@ -1,0 +1,89 @@
+"""fp16 weights, float32 vectors: `--weight-format fp16` rounds the weight matrices, not the rotary frequencies.
+
+OpenVINO's `compress_to_fp16` stores every float32 constant in 16 bits, the rotary embedding's inverse
+frequencies too, and the rounding shifts rotary angles by an amount that grows with the position
+(`graph/precision.py`). With an fp16 checkpoint, whose weights fp16 holds exactly, the fp16 artifact must
+then match PyTorch computing in float32 to float32 rounding at any position.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import EXACT, run_cli_in_process
+
+POSITIONS = 480  # the tiny llama's max_position_embeddings is 512
+
+
+@pytest.fixture(scope="module")
+def fp16_checkpoint(tiny_model, tmp_path_factory):
+    """The tiny llama saved in fp16, as checkpoints are published."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = tmp_path_factory.mktemp("fp16") / "llama-fp16"
+    AutoModelForCausalLM.from_pretrained(tiny_model("llama"), dtype=torch.float16).save_pretrained(path)
+    AutoTokenizer.from_pretrained(tiny_model("llama")).save_pretrained(path)
+    return path
+
+
+def _last_logits(artifact, ids: np.ndarray) -> np.ndarray:
+    import openvino as ov
+
+    compiled = ov.Core().compile_model(str(artifact / "openvino_model.xml"), "CPU", EXACT)
+    request = compiled.create_infer_request()
+    request.reset_state()
+    feed = {"input_ids": ids, "attention_mask": np.ones_like(ids), "beam_idx": np.zeros(ids.shape[0], np.int32)}
+    if any(i.get_any_name() == "position_ids" for i in compiled.inputs):
+        feed["position_ids"] = np.arange(ids.shape[1])[None, :]
+    return request.infer(feed)["logits"][0, -1]
+
+
+def test_fp16_artifact_keeps_rotary_frequencies_exact(fp16_checkpoint, tmp_path):
+    """At position 480, this task's fp16 artifact matches PyTorch to float32 rounding; optimum-intel's own fp16
+    artifact of the same checkpoint (its rotary frequencies rounded to fp16) is the control that shows the check
+    can fail: measured 7.4e-06 against 3.7e-03 (max |logit| 2.2)."""
+    from transformers import AutoModelForCausalLM
+
+    ours, theirs = tmp_path / "shared", tmp_path / "with-past"
+    for task, out in (("text-generation-shared", ours), ("text-generation-with-past", theirs)):
+        run_cli_in_process("export", "openvino", "-m", str(fp16_checkpoint), "--task", task,
+                           "--weight-format", "fp16", str(out))
+    ids = torch.randint(3, 500, (1, POSITIONS), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        reference = AutoModelForCausalLM.from_pretrained(fp16_checkpoint, dtype=torch.float32)(input_ids=ids)
+    reference = reference.logits[0, -1].numpy()
+    scale = max(1.0, float(np.abs(reference).max()))
+    ours_diff = float(np.abs(_last_logits(ours, ids.numpy()) - reference).max())
+    theirs_diff = float(np.abs(_last_logits(theirs, ids.numpy()) - reference).max())
+    assert ours_diff < 1e-4 * scale, ours_diff
+    assert theirs_diff > 10 * ours_diff, (theirs_diff, ours_diff)  # the control: fp16 rotary frequencies
+    # the weights are fp16 all the same: the two .bin files differ by a few vectors
+    size, base = (ours / "openvino_model.bin").stat().st_size, (theirs / "openvino_model.bin").stat().st_size
+    assert base <= size <= base + 16_384, (size, base)
+
+
+def test_keep_vectors_exact_rewrites_vectors_only():
+    """Vectors and scalars that fp16 does not hold become hi + lo; matrices, exact values and values beyond
+    fp16's range are left alone."""
+    import openvino as ov
+    from openvino import opset13 as ops
+
+    from optimum_shared_graph.graph.precision import keep_vectors_exact
+
+    x = ops.parameter([1, 4, 3], ov.Type.f32, name="x")
+    inexact = np.array([0.1, 0.3, 1 / 3], np.float32)
+    matrix = ops.constant(np.full((3, 3), 0.1, np.float32))
+    y = ops.matmul(ops.add(ops.multiply(x, ops.constant(inexact)), ops.constant(np.float32(0.5))), matrix, False, False)
+    y = ops.add(y, ops.constant(np.array([1e6, 0.1, 0.2], np.float32)))  # 1e6: beyond fp16, left as it is
+    model = ov.Model([y], [x])
+    assert keep_vectors_exact(model) == 1
+    pair = next(op for op in model.get_ordered_ops() if op.get_type_name() == "Add"
+                and all(i.get_source_output().get_node().get_type_name() == "Constant" for i in op.inputs()))
+    hi, lo = (i.get_source_output().get_node().get_data() for i in pair.inputs())
+    assert np.all(hi == hi.astype(np.float16)) and np.array_equal(hi + lo, inexact)
+    data = np.random.default_rng(0).standard_normal((1, 4, 3)).astype(np.float32)
+    before = (data * inexact + 0.5) @ np.full((3, 3), 0.1, np.float32) + np.array([1e6, 0.1, 0.2], np.float32)
+    got = ov.Core().compile_model(model, "CPU", EXACT)(data)[0]
+    np.testing.assert_allclose(got, before, rtol=1e-6)

@@ -84,3 +84,17 @@ def test_memory_suite_on_the_toy_model(tmp_path):
     assert rows[1]["validation"]["status"] == "passed" and rows[1]["validation"]["run"]["mode"] == "whole"
     page = (docs / "benchmarks-memory.md").read_text()
     assert "| text-generation-shared | fp16 | 3 GiB | yes |" in page
+
+
+@pytest.mark.slow  # builds a released-width llama (1.2 GB) and exports it twice: ~6 min
+def test_fp16_positions_measures_both_artifacts(tmp_path):
+    """`benchmarks/fp16_positions.py` on one short length writes its page with both artifacts' differences."""
+    page = tmp_path / "page.md"
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "fp16_positions.py"), "--types", "llama",
+                           "--lengths", "16", "--out", str(tmp_path / "out"), "--page", str(page)],
+                          capture_output=True, text=True, env=_env(), timeout=1800)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    data = json.loads((tmp_path / "out" / "results.json").read_text())["results"][0]
+    ours, theirs = data["shared"]["max_abs_diff"][0], data["with-past"]["max_abs_diff"][0]
+    assert ours < 1e-3 * max(data["max_abs_logit"][0], 1.0) and theirs > ours
+    assert "| 16 |" in page.read_text()

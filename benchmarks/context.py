@@ -48,6 +48,33 @@ def machine() -> dict:
     return info
 
 
+def write_results_and_page(results: list[dict], render, results_path: Path, page: Path) -> dict:
+    """Stamp `results` with the run's date, machine and versions, write them as JSON to `results_path` and
+    `render(results, info)` to `page`; return the info. `rerender(results_path, page, render)` redoes the page."""
+    import datetime
+    import json
+
+    info = {"date": datetime.date.today().isoformat(), "machine": machine(), "versions": versions()}
+    Path(results_path).write_text(json.dumps({"results": results, "info": info}, indent=2))
+    Path(page).write_text(render(results, info) + "\n")
+    return info
+
+
+def rerender(results_path: Path, page: Path, render) -> None:
+    """The page again from a results JSON `write_results_and_page` wrote (`--report-only`)."""
+    import json
+
+    data = json.loads(Path(results_path).read_text())
+    Path(page).write_text(render(data["results"], data["info"]) + "\n")
+
+
+def run_line(info: dict) -> str:
+    """A page's "Run DATE: machine; versions; commit." line, from `{"date", "machine", "versions"}`."""
+    return (f"Run {info['date']}: {describe_machine(info['machine'])}; "
+            + ", ".join(f"{k} {v}" for k, v in info["versions"].items() if v and k != "optimum-shared-graph commit")
+            + f"; commit {info['versions'].get('optimum-shared-graph commit')}.")
+
+
 def describe_machine(info: dict) -> str:
     """One sentence for a page: CPU, cores, memory, load average when taken."""
     load = ", ".join(f"{x:.1f}" for x in info.get("load_avg", []))

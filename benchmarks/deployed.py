@@ -16,7 +16,6 @@ Usage:
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import sys
 from pathlib import Path
@@ -103,9 +102,7 @@ def render(results: list[dict], info: dict) -> str:
         "validate`). Wall time is the whole command: imports, the manifest and reference checks, loading and "
         "compiling the artifact, the stored calls. How to read the verdicts: [Deploying](deploy.md#prove-it-on-the-target-device).",
         "",
-        f"Run {info['date']}: {context.describe_machine(info['machine'])}; "
-        + ", ".join(f"{k} {v}" for k, v in info["versions"].items() if v and k != "optimum-shared-graph commit")
-        + f"; commit {info['versions'].get('optimum-shared-graph commit')}.",
+        context.run_line(info),
         "",
     ]
     for r in results:
@@ -142,17 +139,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--report-only", type=Path, default=None)
     args = parser.parse_args(argv)
     if args.report_only:
-        data = json.loads(args.report_only.read_text())
-        args.page.write_text(render(data["results"], data["info"]) + "\n")
+        context.rerender(args.report_only, args.page, render)
         return 0
     shapes = dict(s.split("=", 1) for s in args.shape) if args.shape else DEFAULT_SHAPES
     args.out.mkdir(parents=True, exist_ok=True)
     results = [measure(name, Path(model), args.out, fmt) for name, model in shapes.items()
                for fmt in [None, *args.weight_format]]
-    info = {"date": datetime.date.today().isoformat(), "machine": context.machine(), "versions": context.versions()}
-    data = {"results": results, "info": info}
-    (args.results or args.out / "results.json").write_text(json.dumps(data, indent=2))
-    args.page.write_text(render(results, info) + "\n")
+    context.write_results_and_page(results, render, args.results or args.out / "results.json", args.page)
     print(args.page)
     return 0
 

@@ -18,7 +18,6 @@ Usage:
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import sys
 from pathlib import Path
@@ -107,9 +106,7 @@ def render(results: list[dict], info: dict) -> str:
         "perturbation more than a trained model's do: the growth with the position is the rounding's, its size on a "
         "trained checkpoint is not measured here (no checkpoint can be downloaded on this machine).",
         "",
-        f"Run {info['date']}: {context.describe_machine(info['machine'])}; "
-        + ", ".join(f"{k} {v}" for k, v in info["versions"].items() if v and k != "optimum-shared-graph commit")
-        + f"; commit {info['versions'].get('optimum-shared-graph commit')}.",
+        context.run_line(info),
         "",
     ]
     for r in results:
@@ -148,14 +145,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--report-only", type=Path, default=None)
     args = parser.parse_args(argv)
     if args.report_only:
-        data = json.loads(args.report_only.read_text())
-        args.page.write_text(render(data["results"], data["info"]) + "\n")
+        context.rerender(args.report_only, args.page, render)
         return 0
     args.out.mkdir(parents=True, exist_ok=True)
     results = [measure(t, args.out, sorted(args.lengths)) for t in args.types]
-    info = {"date": datetime.date.today().isoformat(), "machine": context.machine(), "versions": context.versions()}
-    (args.out / "results.json").write_text(json.dumps({"results": results, "info": info}, indent=2))
-    args.page.write_text(render(results, info) + "\n")
+    context.write_results_and_page(results, render, args.out / "results.json", args.page)
     print(args.page)
     return 0
 

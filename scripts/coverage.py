@@ -346,7 +346,7 @@ def run_npu_one(model_type: str, workdir: Path, layers: int | None = None) -> di
     from optimum_shared_graph.released import build_released_width_model, released_checkpoint, widths
 
     result: dict = {"model_type": model_type, "checkpoint": released_checkpoint(model_type),
-                    "weight_format": NPU_WEIGHT_FORMAT}
+                    "weight_format": NPU_WEIGHT_FORMAT, "commit": _commit()}
     started = time.monotonic()
     seconds = result["seconds"] = {}
 
@@ -758,8 +758,8 @@ def render_npu_real_width(npu_results: dict, *, source: str) -> list[str]:
         f"{total / 60:.0f} minutes of runs for {len(rows)} types.",
         "",
         "| model type | released checkpoint | layers | hidden | heads / KV heads | head_dim | intermediate | experts "
-        "(per token) | vocab | shared artifact | optimum-intel's artifact | NPU pipeline | seconds |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "(per token) | vocab | shared artifact | optimum-intel's artifact | NPU pipeline | seconds | commit |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         w = r.get("widths") or {}
@@ -771,7 +771,7 @@ def render_npu_real_width(npu_results: dict, *, source: str) -> list[str]:
         lines.append(f"| {r['model_type']} | {r.get('checkpoint') or '-'} | {w.get('layers', '-')} | {w.get('hidden', '-')} | "
                      f"{heads} | {w.get('head_dim', '-')} | {inter} | {experts} | {w.get('vocab', '-')} | "
                      f"{_cell(r.get('npu_shared', '-'))} | {_cell(r.get('npu_with_past', '-'))} | {_cell(_verdict_label(r.get('npu')))} | "
-                     f"{(r.get('seconds') or {}).get('total', '-')} |")
+                     f"{(r.get('seconds') or {}).get('total', '-')} | {r.get('commit') or '-'} |")
     return lines + [""]
 
 
@@ -885,6 +885,20 @@ def _versions() -> dict:
         except PackageNotFoundError:
             found[name] = None
     return found
+
+
+def _commit() -> str | None:
+    """The checkout's commit (short), with "+" when it has uncommitted changes; None outside a git checkout."""
+    import subprocess
+
+    try:
+        head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
+                              text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return head + ("+" if dirty else "")
 
 
 def _repo_relative(path: str | Path) -> str:

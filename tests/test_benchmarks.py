@@ -86,7 +86,7 @@ def test_memory_suite_on_the_toy_model(tmp_path):
     assert "| text-generation-shared | fp16 | 3 GiB | yes |" in page
 
 
-@pytest.mark.slow  # builds a released-width llama (1.2 GB) and exports it twice: ~6 min
+@pytest.mark.slow  # builds a released-width llama (1.2 GB) and exports it twice: 93 s here
 def test_fp16_positions_measures_both_artifacts(tmp_path):
     """`benchmarks/fp16_positions.py` on one short length writes its page with both artifacts' differences."""
     page = tmp_path / "page.md"

@@ -889,8 +889,6 @@ def _versions() -> dict:
 
 def _commit() -> str | None:
     """The checkout's commit (short), with "+" when it has uncommitted changes; None outside a git checkout."""
-    import subprocess
-
     try:
         head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
                               text=True, check=True).stdout.strip()

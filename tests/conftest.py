@@ -11,6 +11,26 @@ import pytest
 
 EXACT = {"KV_CACHE_PRECISION": "f32", "INFERENCE_PRECISION_HINT": "f32"}
 
+# What an NPU computes in: GenAI's NPU pipeline run on the CPU (NPUW_DEVICES=CPU) honours the hint, and without it
+# computes at the host CPU's default precision (bf16 on a CPU with bf16 units), which no NPU does. On a CPU without
+# f16 units the CPU plugin computes f32 instead.
+NPU_PRECISION = {"INFERENCE_PRECISION_HINT": "f16"}
+
+
+def sixteen_bit() -> dict:
+    """CPU properties that force reduced precision on this host, whatever its CPU: 16-bit compute (bf16 where the
+    CPU has bf16 units, else f16 where it has f16 units), else an 8-bit KV cache, which every x86 CPU runs. The
+    precision-dependent checks run under these as well as under the defaults, so a host whose default is f32 still
+    exercises the margins' judgement that a host with bf16 units needs."""
+    import openvino as ov
+
+    capabilities = ov.Core().get_property("CPU", "OPTIMIZATION_CAPABILITIES")
+    if "BF16" in capabilities:
+        return {"INFERENCE_PRECISION_HINT": "bf16"}
+    if "FP16" in capabilities:
+        return {"INFERENCE_PRECISION_HINT": "f16"}
+    return {"KV_CACHE_PRECISION": "u8"}
+
 # Architectures from different families, each exported through optimum-cli in the tests.
 ARCHITECTURES = ["llama", "mistral", "qwen2", "qwen3", "phi3", "gpt2", "gpt_neox", "falcon", "opt", "bloom", "starcoder2"]
 
@@ -157,3 +177,65 @@ def unloadable_copy(model: Path, dest: Path) -> Path:
     for weights in dest.glob("*.safetensors"):
         weights.write_bytes(b"not a safetensors file")
     return dest
+
+
+def break_decode(artifact: Path, dest: Path) -> Path:
+    """A copy of `artifact` at `dest` whose graph negates the logits of every one-token call (a broken decode),
+    with the manifest's digests updated to the new graph, as if a wrong graph had been exported into the directory."""
+    import json
+    import shutil
+
+    import numpy as np
+    import openvino as ov
+    import openvino.opset13 as ops
+
+    from optimum_shared_graph.manifest import MANIFEST_NAME, digest_graph_files
+
+    shutil.copytree(artifact, dest)
+    graph = ov.Core().read_model(dest / "openvino_model.xml")
+    result = next(r for r in graph.get_results() if "logits" in r.output(0).get_names())
+    logits = result.input(0).get_source_output()
+    ids = next(p for p in graph.inputs if p.get_any_name() == "input_ids")
+    length = ops.gather(ops.shape_of(ids.get_node().output(0)), ops.constant([1]), ops.constant(0))
+    one = ops.equal(length, ops.constant(np.array([1], np.int64)))
+    result.input(0).replace_source_output(ops.select(one, ops.negative(logits), logits).output(0))
+    graph.validate_nodes_and_infer_types()
+    staged = dest.parent / f"{dest.name}.broken"
+    ov.save_model(graph, f"{staged}.xml", compress_to_fp16=False)  # not over the .bin it maps
+    del graph
+    for suffix in (".xml", ".bin"):
+        shutil.move(f"{staged}{suffix}", dest / f"openvino_model{suffix}")
+    manifest = json.loads((dest / MANIFEST_NAME).read_text())
+    manifest["files"], manifest["files_xxh3_128"] = digest_graph_files(dest, sorted(manifest["files"]))
+    (dest / MANIFEST_NAME).write_text(json.dumps(manifest))
+    return dest
+
+
+def pytorch_reference(model, enc, new_tokens: int):
+    """PyTorch's greedy `generate()` on `enc` (EOS disabled) as a reference a greedy consumer is judged against:
+    the prompt, the tokens it fed and each call's last-position logits (`proof.stored.Reference`)."""
+    import numpy as np
+    import torch
+
+    from optimum_shared_graph.proof.stored import Reference
+
+    with torch.no_grad():
+        out = model.generate(**enc, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False,
+                             pad_token_id=0, output_logits=True, return_dict_in_generate=True)
+    prompt = enc["input_ids"].shape[1]
+    return Reference(prompt_ids=enc["input_ids"].numpy().astype(np.int64),
+                     prompt_mask=enc["attention_mask"].numpy().astype(np.int64),
+                     fed=out.sequences[:, prompt:].numpy().astype(np.int64),
+                     logits=np.stack([step.float().numpy() for step in out.logits]))
+
+
+def judged_greedy(pipe, reference) -> str | None:
+    """Judge a GenAI pipeline's greedy tokens (any device, the NPU pipeline included) against `reference` as
+    `validate()` judges a consumer whose precision it cannot read: a differing pick is allowed only at a near-tie
+    (the reference's top-2 margin within the 16-bit tolerance), where the pipeline is restarted from the
+    reference's context. Returns the reason it fails, or None."""
+    from optimum_shared_graph.proof.consumers import greedy_of
+    from optimum_shared_graph.proof.judge import REDUCED_PRECISION, judge_tokens, scaled_tolerance
+
+    tolerance = scaled_tolerance(REDUCED_PRECISION, reference.calls)
+    return judge_tokens(greedy_of(pipe, reference), reference.calls, reference.fed, tolerance)[1]

@@ -17,7 +17,8 @@ import functools
 import pytest
 import torch
 
-from conftest import EXACT, PROMPTS, run_cli, run_cli_in_process
+from conftest import (EXACT, NPU_PRECISION, PROMPTS, break_decode, judged_greedy, pytorch_reference, run_cli,
+                      run_cli_in_process, sixteen_bit)
 
 from optimum_shared_graph import architectures, read_manifest
 
@@ -58,7 +59,9 @@ PADDED_BATCH_THROUGH_GENAI_ONLY = {"zamba2"}
 # one, under `-m coverage`.)
 DEFAULT_RUN = {"deepseek_v2", "qwen3_next"}
 
-# Greedy parity through OpenVINO GenAI's NPU pipeline too (NPUW, its partitions on the CPU, computing in f16). The
+# Greedy parity through OpenVINO GenAI's NPU pipeline too (NPUW, its partitions on the CPU), computing in f16 as an
+# NPU does (NPU_PRECISION; its KV cache f16 too): its tokens are judged against PyTorch's logits as `validate()`
+# judges such a consumer, a differing pick allowed only at a near-tie, and a broken decode fails. The
 # Qwen3.5 graphs need two export-time changes for it: no unused position_ids input (architectures/qwen3_5.py) and
 # no past length read from a value state (graph/kv_shapes.py). docs/architectures.md has every type's NPU column.
 NPU_PARITY = {"deepseek_v2", "deepseek_v3", "gemma4_text", "qwen3_5_moe_text", "qwen3_5_text", "qwen3_next"}
@@ -139,6 +142,19 @@ def _pytorch_greedy(path: str, prompts: tuple[str, ...]):
     return enc, out
 
 
+@functools.lru_cache(maxsize=2)
+def _pytorch_model(path: str):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+
+
+def _pytorch_reference(path: str, enc):
+    """PyTorch's greedy run on `enc` with each call's logits: what a greedy consumer at a precision of its own
+    (GenAI's NPU pipeline) is judged against."""
+    return pytorch_reference(_pytorch_model(path), enc, NEW_TOKENS)
+
+
 def _assert_greedy_parity(model, path) -> None:
     """`model.generate()` (greedy) gives PyTorch's tokens for each prompt alone."""
     for prompt in PROMPTS:
@@ -214,18 +230,29 @@ def _exports_one_graph_with_parity(model_type, path, tmp_path) -> None:
         assert torch.equal(ours, ref)
     del ov_model
 
-    # OpenVINO GenAI's LLMPipeline, as shipped (its default attention backend), and its NPU pipeline
+    # OpenVINO GenAI's LLMPipeline, as shipped (its default attention backend): exact in f32, judged by the margins
+    # with reduced precision forced; and its NPU pipeline, judged by the margins
     backend = {"ATTENTION_BACKEND": "SDPA"} if model_type in GENAI_SDPA_ONLY else {}
     pipe = ov_genai.LLMPipeline(str(out), "CPU", **EXACT, **backend)
-    npu = ov_genai.LLMPipeline(str(out), "NPU", **NPUW) if model_type in NPU_PARITY else None
+    reduced = ov_genai.LLMPipeline(str(out), "CPU", **sixteen_bit(), **backend)
+    npu = ov_genai.LLMPipeline(str(out), "NPU", **NPUW, **NPU_PRECISION) if model_type in NPU_PARITY else None
     config = ov_genai.GenerationConfig(max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, ignore_eos=True)
+    references = []
     for prompt in PROMPTS:
         enc, ref = _pytorch_greedy(str(path), (prompt,))
         inputs = ov_genai.TokenizedInputs(ov.Tensor(enc["input_ids"].numpy()), ov.Tensor(enc["attention_mask"].numpy()))
         assert list(pipe.generate(inputs, config).tokens[0]) == ref[0, enc["input_ids"].shape[1]:].tolist(), prompt
-        if npu is not None:
-            assert list(npu.generate(inputs, config).tokens[0]) == ref[0, enc["input_ids"].shape[1]:].tolist(), prompt
-    del npu
+        references.append(_pytorch_reference(str(path), enc))
+        for consumer in (reduced, npu) if npu is not None else (reduced,):
+            why = judged_greedy(consumer, references[-1])
+            assert why is None, f"{prompt}: {why}"
+    del npu, reduced
+    if model_type in NPU_PARITY:  # the same check fails a graph whose decode is broken
+        broken = break_decode(out, tmp_path / "broken")
+        npu = ov_genai.LLMPipeline(str(broken), "NPU", **NPUW, **NPU_PRECISION)
+        whys = [judged_greedy(npu, reference) for reference in references]
+        assert any(why and "above the tolerance" in why for why in whys), whys
+        del npu
     if model_type in PADDED_BATCH_THROUGH_GENAI_ONLY:
         enc, ref = _pytorch_greedy(str(path), tuple(PROMPTS[:2]))
         inputs = ov_genai.TokenizedInputs(ov.Tensor(enc["input_ids"].numpy()), ov.Tensor(enc["attention_mask"].numpy()))

@@ -130,16 +130,22 @@ def _reduced_unless_f32(properties: dict) -> dict:
             "kv_cache": str(properties.get("KV_CACHE_PRECISION", "")) or None}
 
 
-def _genai(path: Path, manifest: Manifest, reference: Reference, device: str, properties: dict):
-    import openvino_genai as genai
-
-    pipe = genai.LLMPipeline(str(path), device, **properties)
+def greedy_of(pipe, reference: Reference):
+    """`generate(row, start)` as `judge.judge_tokens` calls it, over a loaded GenAI `LLMPipeline` (any device, the
+    NPU pipeline included): its greedy tokens from the stored prompt of `row` and the first `start` fed tokens."""
     calls = reference.fed.shape[1]
 
     def generate(row: int, start: int) -> list[int]:
         return list(pipe.generate(_genai_input(reference, row, start), _greedy_config(calls - start)).tokens[0])
 
-    return generate, _reduced_unless_f32(properties)
+    return generate
+
+
+def _genai(path: Path, manifest: Manifest, reference: Reference, device: str, properties: dict):
+    import openvino_genai as genai
+
+    pipe = genai.LLMPipeline(str(path), device, **properties)
+    return greedy_of(pipe, reference), _reduced_unless_f32(properties)
 
 
 def _continuous_batching(path: Path, manifest: Manifest, reference: Reference, device: str, properties: dict):

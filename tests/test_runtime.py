@@ -281,7 +281,7 @@ def test_assisted_decoding_on_logits_last_is_refused(dynamic_artifact, draft_art
     pt, tok = reference
     model = osg.runtime(dynamic_artifact(), ov_config=EXACT)
     enc = tok([PROMPTS[0]], return_tensors="pt")
-    for draft in (pt, osg.runtime(draft_artifact("last", True))):
+    for draft in (pt, osg.runtime(draft_artifact("last", False))):
         with pytest.raises(RuntimeSelectionError, match="export it with --logits all") as info:
             model.generate(**enc, assistant_model=draft, max_new_tokens=4)
         assert "\n" not in str(info.value)
@@ -303,8 +303,9 @@ def draft_artifact(near_draft, tmp_path_factory):
     return get
 
 
-# The draft artifacts proposing to a main model: a draft reads only the last position, so logits=last works too.
-DRAFTS = [("last", True), ("last", False), ("all", True)]
+# The draft artifacts proposing to a main model (both logits modes, both cache kinds): a draft reads only the last
+# position, so logits=last works too.
+DRAFTS = [("last", False), ("all", True)]
 
 
 @pytest.mark.parametrize("logits,stateful", DRAFTS, ids=[f"{l}-{'stateful' if s else 'stateless'}" for l, s in DRAFTS])
@@ -412,3 +413,22 @@ def test_runtime_full_check_and_no_unchecked_load(artifact_copy):
         osg.runtime(artifact_copy, verify=False)
     with pytest.raises(InvalidOptionsError):
         osg.runtime(artifact_copy, verify="quick")
+
+
+def test_assisted_generation_with_recurrent_states_is_refused(tiny_model, tmp_path):
+    """lfm2's convolution states hold no positions to drop after rejected candidates: refused with one line as the
+    main model and as the draft, before any inference, and plain generation still runs."""
+    from transformers import AutoModelForCausalLM
+
+    out = tmp_path / "lfm2-all"
+    osg.export(str(tiny_model("lfm2")), out, logits="all")
+    model = osg.runtime(out, ov_config=EXACT)
+    pt = AutoModelForCausalLM.from_pretrained(tiny_model("lfm2")).eval()
+    ids = torch.tensor([[5, 17, 33, 48, 90, 7]])
+    for main, draft in ((model, pt), (pt, model)):
+        with pytest.raises(RuntimeSelectionError, match=r"lfm2 artifact can be neither the main model nor the draft "
+                                                         r"of assisted generation: its 3 convolution") as info:
+            main.generate(input_ids=ids, assistant_model=draft, **_kwargs(do_sample=False))
+        assert "\n" not in str(info.value)
+    assert torch.equal(model.generate(input_ids=ids, **_kwargs(do_sample=False)),
+                       pt.generate(input_ids=ids, **_kwargs(do_sample=False)))

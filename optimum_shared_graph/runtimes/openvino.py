@@ -29,6 +29,7 @@ import numpy as np
 
 from ..errors import InvalidOptionsError, RuntimeSelectionError
 from ..manifest import GRAPH_XML, Manifest
+from .session import _PAST_PREFIXES
 from .static_session import StaticSession
 
 
@@ -205,6 +206,14 @@ class _SharedGraphMixin:
     def generate(self, inputs=None, generation_config=None, *args, assistant_model=None, **kwargs):
         config, _ = self._prepare_generation_config(generation_config, **kwargs)
         assisted = assistant_model is not None or getattr(config, "prompt_lookup_num_tokens", None)
+        if assisted or getattr(config, "is_assistant", False):  # the main model, or the draft (transformers' flag)
+            uncroppable = self._uncroppable_states()
+            if uncroppable:
+                raise RuntimeSelectionError(
+                    f"this {self.config.model_type} artifact can be neither the main model nor the draft of assisted "
+                    f"generation: its {len(uncroppable)} convolution or SSM states ({uncroppable[0]}, ...) have no "
+                    f"sequence axis to cut back to the accepted tokens; generate without assistant_model"
+                )
         if assisted and self.manifest.logits != "all":
             raise RuntimeSelectionError(
                 "assisted decoding needs the logits of every candidate position, and this artifact has logits=last: "
@@ -262,6 +271,24 @@ class _SharedGraphMixin:
 
     # ------------------------------------------------------------------- cache trimming (assisted)
 
+    def _uncroppable_states(self) -> list[str]:
+        """The graph's cache entries (states, or a stateless graph's cache inputs) without a sequence axis:
+        recurrent convolution and SSM states, which hold no per-token positions to drop, unlike keys and values.
+        Read from the graph once (a draft's generate() asks at every round)."""
+        if self.__dict__.get("_uncroppable") is None:
+            self._uncroppable = self._find_uncroppable_states()
+        return self._uncroppable
+
+    def _find_uncroppable_states(self) -> list[str]:
+        if self.is_static:
+            return []  # a static graph holds a KV cache only
+        if self.stateful:
+            axes = _state_sequence_axes(self.model)
+            names = [op.get_variable_id() for op in self.model.get_ops() if op.get_type_name() == "ReadValue"]
+            return [name for name in names if name not in axes]
+        return [port.get_any_name() for port in self.model.inputs
+                if port.get_any_name().startswith(_PAST_PREFIXES) and not _sequence_axes(port.get_partial_shape())]
+
     def _crop_cache(self, cache, length: int) -> None:
         """Keep the first `length` positions of the cache (assisted generation drops rejected candidates)."""
         if self.is_static:
@@ -274,7 +301,7 @@ class _SharedGraphMixin:
             axes = _state_sequence_axes(self.model)
             for state in self.request.query_state():
                 data = state.state.data
-                axis = axes.get(state.name, data.ndim - 2)
+                axis = axes[state.name]  # every state has one: generate() refuses a graph with other states
                 if data.shape[axis] > length:
                     state.state = ov.Tensor(np.ascontiguousarray(np.take(data, np.arange(length), axis=axis)))
             self._past_length = min(self._past_length, length)
@@ -325,8 +352,12 @@ def _state_sequence_axes(model) -> dict[str, int]:
     axes = {}
     for op in model.get_ops():
         if op.get_type_name() == "ReadValue":
-            shape = op.get_output_partial_shape(0)
-            dynamic = [i for i in range(shape.rank.get_length()) if shape[i].is_dynamic and i != 0]
+            dynamic = _sequence_axes(op.get_output_partial_shape(0))
             if dynamic:
                 axes[op.get_variable_id()] = dynamic[-1]
     return axes
+
+
+def _sequence_axes(shape) -> list[int]:
+    """The dynamic axes of a cache entry's shape other than the batch axis 0."""
+    return [i for i in range(shape.rank.get_length()) if shape[i].is_dynamic and i != 0]

@@ -351,13 +351,17 @@ def test_runtime_main_with_runtime_drafts_gives_its_greedy_tokens(dynamic_artifa
             assert torch.equal(model.generate(**enc, assistant_model=draft, **_kwargs(do_sample=False)), greedy), prompt
 
 
-def test_a_stateful_model_as_its_own_draft_is_refused(dynamic_artifact, reference):
+def test_a_stateful_model_as_its_own_draft_is_refused_a_stateless_one_runs(dynamic_artifact, reference):
     _, tok = reference
     model = osg.runtime(dynamic_artifact("all"), ov_config=EXACT)
     enc = tok([PROMPTS[0]], return_tensors="pt")
     with pytest.raises(RuntimeSelectionError, match="cannot be its own draft.*load the artifact again") as info:
         model.generate(**enc, assistant_model=model, max_new_tokens=4)
     assert "\n" not in str(info.value)
+    # a --disable-stateful artifact's cache is held by transformers, one per role: it can be its own draft
+    stateless = osg.runtime(dynamic_artifact("all", False), ov_config=EXACT)
+    greedy = stateless.generate(**enc, **_kwargs(do_sample=False))
+    assert torch.equal(stateless.generate(**enc, assistant_model=stateless, **_kwargs(do_sample=False)), greedy)
 
 
 def test_runtime_reads_the_manifest(dynamic_artifact):

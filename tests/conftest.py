@@ -88,6 +88,53 @@ def tiny_model(models_dir):
     return get
 
 
+# A draft's assistant settings: 4 candidates per round always (no confidence cut-off, no schedule), so a
+# round's proposals outlive the candidates the main model rejects and the draft's cache is cropped mid-proposal.
+DRAFT_SETTINGS = dict(num_assistant_tokens=4, num_assistant_tokens_schedule="constant", assistant_confidence_threshold=0.0)
+
+
+@pytest.fixture(scope="session")
+def near_draft(tiny_model, models_dir) -> Path:
+    """A draft checkpoint for `tiny_model("llama")`: its weights with noise on the last layer's down projection, so
+    it proposes some of the llama's greedy tokens and not others (assisted generation accepts part of a round's
+    candidates); `DRAFT_SETTINGS` in its generation config. Built once per session."""
+    import shutil
+
+    import torch
+    from transformers import AutoModelForCausalLM, GenerationConfig
+
+    path = models_dir / "llama-near-draft"
+    if not path.exists():
+        source = tiny_model("llama")
+        model = AutoModelForCausalLM.from_pretrained(source).eval()
+        weight = model.model.layers[-1].mlp.down_proj.weight
+        with torch.no_grad():
+            weight.add_(torch.randn(weight.shape, generator=torch.Generator().manual_seed(1)) * 0.1)
+        model.generation_config = GenerationConfig(bos_token_id=1, eos_token_id=2, pad_token_id=0, **DRAFT_SETTINGS)
+        model.save_pretrained(str(path))
+        for tokenizer_file in source.glob("*token*"):
+            shutil.copy(tokenizer_file, path)
+    return path
+
+
+class MainCalls(list):
+    """The `input_ids` of every forward call of a PyTorch model while in the `with` block (a forward pre-hook):
+    under assisted generation, the candidates a draft proposed, as the main model verified them."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def __enter__(self):
+        self._hook = self.model.register_forward_pre_hook(
+            lambda _module, args, kwargs: self.append(kwargs["input_ids"][0].tolist()), with_kwargs=True
+        )
+        return self
+
+    def __exit__(self, *exc):
+        self._hook.remove()
+
+
 @pytest.fixture(scope="session")
 def quantizable_model(tiny_model) -> Path:
     """The `QUANTIZABLE` llama (built once per session)."""

@@ -9,7 +9,7 @@ import shutil
 import pytest
 import torch
 
-from conftest import EXACT, PROMPTS
+from conftest import DRAFT_SETTINGS, EXACT, PROMPTS, MainCalls
 
 import optimum_shared_graph as osg
 from optimum_shared_graph import InvalidOptionsError, ManifestError, RuntimeSelectionError, read_manifest
@@ -277,13 +277,91 @@ def test_assisted_decoding_matches_pytorch_greedy(stateful, dynamic_artifact, re
         assert torch.equal(model.generate(**enc, assistant_model=pt, **_kwargs(do_sample=False)), ref), prompt
 
 
-def test_assisted_decoding_on_logits_last_is_refused(dynamic_artifact, reference, tiny_model):
+def test_assisted_decoding_on_logits_last_is_refused(dynamic_artifact, draft_artifact, reference, tiny_model):
     pt, tok = reference
     model = osg.runtime(dynamic_artifact(), ov_config=EXACT)
     enc = tok([PROMPTS[0]], return_tensors="pt")
-    with pytest.raises(RuntimeSelectionError, match="export it with --logits all") as info:
-        model.generate(**enc, assistant_model=pt, max_new_tokens=4)
+    for draft in (pt, osg.runtime(draft_artifact("last", False))):
+        with pytest.raises(RuntimeSelectionError, match="export it with --logits all") as info:
+            model.generate(**enc, assistant_model=draft, max_new_tokens=4)
+        assert "\n" not in str(info.value)
+
+
+@pytest.fixture(scope="module")
+def draft_artifact(near_draft, tmp_path_factory):
+    """`draft_artifact(logits, stateful)` -> an artifact of the `near_draft` checkpoint (exported once per module)."""
+    done = {}
+    root = tmp_path_factory.mktemp("draft-artifacts")
+
+    def get(logits: str, stateful: bool):
+        if (logits, stateful) not in done:
+            out = root / f"draft-{logits}-{'stateful' if stateful else 'stateless'}"
+            osg.export(str(near_draft), out, logits=logits, stateful=stateful)
+            done[(logits, stateful)] = out
+        return done[(logits, stateful)]
+
+    return get
+
+
+# The draft artifacts proposing to a main model (both logits modes, both cache kinds): a draft reads only the last
+# position, so logits=last works too.
+DRAFTS = [("last", False), ("all", True)]
+
+
+@pytest.mark.parametrize("logits,stateful", DRAFTS, ids=[f"{l}-{'stateful' if s else 'stateless'}" for l, s in DRAFTS])
+def test_runtime_artifact_as_draft_proposes_what_its_pytorch_model_does(logits, stateful, draft_artifact, near_draft,
+                                                                         reference):
+    """A runtime() draft of a PyTorch main model: its cache is cropped back to the accepted tokens after each round,
+    so every candidate it proposes (seen as the main model's calls) is the one the PyTorch draft proposes, and the
+    tokens are the main model's plain greedy ones."""
+    from transformers import AutoModelForCausalLM
+
+    pt, tok = reference
+    pt_draft = AutoModelForCausalLM.from_pretrained(near_draft).eval()
+    draft = osg.runtime(draft_artifact(logits, stateful), ov_config=EXACT)
+    assert draft.manifest.logits == logits and draft.stateful == stateful
+    assert {k: getattr(draft.generation_config, k) for k in DRAFT_SETTINGS} == DRAFT_SETTINGS
+    rounds = []
+    for prompt in PROMPTS:
+        enc = tok([prompt], return_tensors="pt")
+        greedy = pt.generate(**enc, **_kwargs(do_sample=False))
+        with MainCalls(pt) as expected:
+            assert torch.equal(pt.generate(**enc, assistant_model=pt_draft, **_kwargs(do_sample=False)), greedy)
+        with MainCalls(pt) as calls:
+            assert torch.equal(pt.generate(**enc, assistant_model=draft, **_kwargs(do_sample=False)), greedy), prompt
+        assert calls == expected, prompt
+        rounds.append(len(calls))
+    # some rounds accept part of the 4 candidates, others none: all accepted would take 3 calls for 12 tokens,
+    # none accepted 12
+    assert 3 < min(rounds) and max(rounds) < NEW_TOKENS, rounds
+
+
+def test_runtime_main_with_runtime_drafts_gives_its_greedy_tokens(dynamic_artifact, draft_artifact, reference):
+    """OpenVINO main, OpenVINO draft: every draft artifact, and the main's own weights loaded a second time as a
+    draft (every candidate accepted), give the tokens of the main model's plain greedy decoding."""
+    pt, tok = reference
+    model = osg.runtime(dynamic_artifact("all"), ov_config=EXACT)
+    drafts = [osg.runtime(draft_artifact(*d), ov_config=EXACT) for d in DRAFTS]
+    drafts.append(osg.runtime(dynamic_artifact("last"), ov_config=EXACT))
+    for prompt in PROMPTS:
+        enc = tok([prompt], return_tensors="pt")
+        greedy = model.generate(**enc, **_kwargs(do_sample=False))
+        assert torch.equal(greedy, pt.generate(**enc, **_kwargs(do_sample=False)))
+        for draft in drafts:
+            assert torch.equal(model.generate(**enc, assistant_model=draft, **_kwargs(do_sample=False)), greedy), prompt
+
+
+def test_a_stateful_model_as_its_own_draft_is_refused_a_stateless_one_runs(dynamic_artifact, reference):
+    _, tok = reference
+    model = osg.runtime(dynamic_artifact("all"), ov_config=EXACT)
+    enc = tok([PROMPTS[0]], return_tensors="pt")
+    with pytest.raises(RuntimeSelectionError, match="cannot be its own draft.*load the artifact again") as info:
+        model.generate(**enc, assistant_model=model, max_new_tokens=4)
     assert "\n" not in str(info.value)
+    # a --disable-stateful artifact's cache is held by transformers, one per role: it can be its own draft
+    stateless = osg.runtime(dynamic_artifact("all", False), ov_config=EXACT)
+    greedy = stateless.generate(**enc, **_kwargs(do_sample=False))
+    assert torch.equal(stateless.generate(**enc, assistant_model=stateless, **_kwargs(do_sample=False)), greedy)
 
 
 def test_runtime_reads_the_manifest(dynamic_artifact):
@@ -339,3 +417,22 @@ def test_runtime_full_check_and_no_unchecked_load(artifact_copy):
         osg.runtime(artifact_copy, verify=False)
     with pytest.raises(InvalidOptionsError):
         osg.runtime(artifact_copy, verify="quick")
+
+
+def test_assisted_generation_with_recurrent_states_is_refused(tiny_model, tmp_path):
+    """lfm2's convolution states hold no positions to drop after rejected candidates: refused with one line as the
+    main model and as the draft, before any inference, and plain generation still runs."""
+    from transformers import AutoModelForCausalLM
+
+    out = tmp_path / "lfm2-all"
+    osg.export(str(tiny_model("lfm2")), out, logits="all")
+    model = osg.runtime(out, ov_config=EXACT)
+    pt = AutoModelForCausalLM.from_pretrained(tiny_model("lfm2")).eval()
+    ids = torch.tensor([[5, 17, 33, 48, 90, 7]])
+    for main, draft in ((model, pt), (pt, model)):
+        with pytest.raises(RuntimeSelectionError, match=r"lfm2 artifact can be neither the main model nor the draft "
+                                                         r"of assisted generation: its 3 convolution") as info:
+            main.generate(input_ids=ids, assistant_model=draft, **_kwargs(do_sample=False))
+        assert "\n" not in str(info.value)
+    assert torch.equal(model.generate(input_ids=ids, **_kwargs(do_sample=False)),
+                       pt.generate(input_ids=ids, **_kwargs(do_sample=False)))

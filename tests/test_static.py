@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from conftest import EXACT, error_line, remote_code_llama, run_cli, tree_snapshot, unloadable_copy
+from conftest import EXACT, MainCalls, error_line, remote_code_llama, run_cli, tree_snapshot, unloadable_copy
 
 import optimum_shared_graph as osg
 from optimum_shared_graph import DecompositionError, InvalidOptionsError, RuntimeSelectionError, read_manifest
@@ -218,6 +218,28 @@ def test_assisted_decoding_on_a_static_logits_all_artifact(tiny_model, tmp_path,
     kwargs = dict(max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, do_sample=False, pad_token_id=0)
     assert torch.equal(model.generate(input_ids=ids, attention_mask=mask, assistant_model=draft, **kwargs), ref)
     assert torch.equal(model.generate(input_ids=ids, attention_mask=mask, assistant_model=pt, **kwargs), ref)
+
+
+def test_static_artifact_as_draft_proposes_what_its_pytorch_model_does(near_draft, tmp_path, reference):
+    """C = 4, logits=last: a static draft's fill is cropped back to the accepted tokens after each round, so it proposes the
+    PyTorch draft's candidates (seen as the main model's calls), and the tokens are plain greedy's."""
+    from transformers import AutoModelForCausalLM
+
+    pt, _ = reference
+    out = tmp_path / "static-draft"
+    osg.export(str(near_draft), out, shape_mode="static", max_cache_len=CAPACITY, static_query_len=4)
+    draft = osg.runtime(out, ov_config=EXACT)
+    pt_draft = AutoModelForCausalLM.from_pretrained(near_draft).eval()
+    kwargs = dict(max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, do_sample=False, pad_token_id=0)
+    for length in (3, 13):
+        ids = _prompt(length, 7)
+        mask = torch.ones_like(ids)
+        greedy = _greedy(pt, ids, mask)
+        with MainCalls(pt) as expected:
+            assert torch.equal(pt.generate(input_ids=ids, attention_mask=mask, assistant_model=pt_draft, **kwargs), greedy)
+        with MainCalls(pt) as calls:
+            assert torch.equal(pt.generate(input_ids=ids, attention_mask=mask, assistant_model=draft, **kwargs), greedy)
+        assert calls == expected and 1 + NEW_TOKENS // 5 < len(calls) < NEW_TOKENS, (length, len(calls))
 
 
 def test_small_capacity_validates_on_a_prompt_that_fits(tiny_model, tmp_path):

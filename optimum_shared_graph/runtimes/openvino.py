@@ -6,9 +6,10 @@ is optimum-intel's `OVModelForCausalLM` (so greedy, sampling, beam search, strea
 
 - static artifacts run through `StaticSession`: C slots per call, a fixed-capacity cache, and a
   prompt plus `max_new_tokens` over the capacity refused before any inference;
-- `logits=all` artifacts support assisted decoding: the cache handed to transformers can `crop()`,
-  which trims the KV state (or the KV inputs, or the static cache's fill) after rejected candidates;
-- on `logits=last` artifacts, assisted decoding is refused with one clear line;
+- assisted decoding: the cache handed to transformers can `crop()`, which trims the KV state (or the KV
+  inputs, or the static cache's fill) after rejected candidates. As the main model an artifact needs
+  `logits=all` (every candidate is verified in one call), and `logits=last` is refused with one clear line;
+  as the draft (`assistant_model=`) any artifact works, since a draft only reads the last position;
 - `generate()` runs transformers' loop on one PyTorch thread (`torch_threads`): its tensor work per
   token is a few small operations, and PyTorch's worker threads otherwise compete for the cores with
   OpenVINO's, which run the graph;
@@ -28,6 +29,7 @@ import numpy as np
 
 from ..errors import InvalidOptionsError, RuntimeSelectionError
 from ..manifest import GRAPH_XML, Manifest
+from .session import _PAST_PREFIXES
 from .static_session import StaticSession
 
 
@@ -84,14 +86,23 @@ def _model_class(config, manifest: Manifest):
 
 
 class _CroppableCache(list):
-    """The `past_key_values` handed to transformers: optimum-intel's value plus `crop()` for assisted decoding."""
+    """The `past_key_values` handed to transformers: optimum-intel's value with what assisted generation asks
+    of a cache. As the main model's cache it is cropped after the candidates are verified; as the draft's, it
+    comes back into the draft's next `generate()` call, which reads its length (`get_seq_length()`) and asks
+    whether it can be compiled (`is_compileable`: no, OpenVINO runs the graph), after the draft's rejected
+    proposals were cropped from it."""
 
-    def __init__(self, items, crop):
+    is_compileable = False
+
+    def __init__(self, items, model):
         super().__init__(items)
-        self._crop = crop
+        self._model = model
 
     def crop(self, length: int) -> None:
-        self._crop(self, int(length))
+        self._model._crop_cache(self, int(length))
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return int(self._model._get_past_length(self))
 
 
 class _PerThread:
@@ -195,10 +206,23 @@ class _SharedGraphMixin:
     def generate(self, inputs=None, generation_config=None, *args, assistant_model=None, **kwargs):
         config, _ = self._prepare_generation_config(generation_config, **kwargs)
         assisted = assistant_model is not None or getattr(config, "prompt_lookup_num_tokens", None)
+        if assisted or getattr(config, "is_assistant", False):  # the main model, or the draft (transformers' flag)
+            uncroppable = self._uncroppable_states()
+            if uncroppable:
+                raise RuntimeSelectionError(
+                    f"this {self.config.model_type} artifact can be neither the main model nor the draft of assisted "
+                    f"generation: its {len(uncroppable)} convolution or SSM states ({uncroppable[0]}, ...) have no "
+                    f"sequence axis to cut back to the accepted tokens; generate without assistant_model"
+                )
         if assisted and self.manifest.logits != "all":
             raise RuntimeSelectionError(
                 "assisted decoding needs the logits of every candidate position, and this artifact has logits=last: "
-                "export it with --logits all"
+                "export it with --logits all (a logits=last artifact can be the draft, assistant_model=)"
+            )
+        if assistant_model is self and (self.stateful or self.is_static):
+            raise RuntimeSelectionError(
+                "a model from runtime() cannot be its own draft: the draft's calls would overwrite the KV cache its "
+                "inference request holds; load the artifact again with runtime() and pass that as assistant_model"
             )
         if self.is_static:
             ids = inputs if inputs is not None else kwargs.get("input_ids")
@@ -215,8 +239,9 @@ class _SharedGraphMixin:
             return self._static_forward(input_ids, attention_mask, past_key_values)
         out = super().forward(input_ids, attention_mask=attention_mask, past_key_values=past_key_values,
                               position_ids=position_ids, **kwargs)
-        if self.manifest.logits == "all" and out.past_key_values is not None:
-            out.past_key_values = _CroppableCache(out.past_key_values, self._crop_dynamic)
+        if out.past_key_values is not None:
+            # croppable whatever the logits: a logits=last artifact can be a draft (it only needs the last position)
+            out.past_key_values = _CroppableCache(out.past_key_values, self)
         return out
 
     def _static_forward(self, input_ids, attention_mask, past_key_values):
@@ -231,7 +256,7 @@ class _SharedGraphMixin:
         logits = session.step(input_ids.cpu().numpy(), mask)
         self._first_iter_beam_search = False  # static graphs run the full beam batch from the first call
         self._past_length = session.filled
-        return CausalLMOutputWithPast(logits=torch.from_numpy(logits), past_key_values=_CroppableCache([()], self._crop_static))
+        return CausalLMOutputWithPast(logits=torch.from_numpy(logits), past_key_values=_CroppableCache([()], self))
 
     def _get_past_length(self, past_key_values=None):
         if self.is_static:
@@ -246,18 +271,37 @@ class _SharedGraphMixin:
 
     # ------------------------------------------------------------------- cache trimming (assisted)
 
-    def _crop_static(self, cache, length: int) -> None:
-        self.static_session.crop(length)
-        self._past_length = self.static_session.filled
+    def _uncroppable_states(self) -> list[str]:
+        """The graph's cache entries (states, or a stateless graph's cache inputs) without a sequence axis:
+        recurrent convolution and SSM states, which hold no per-token positions to drop, unlike keys and values.
+        Read from the graph once (a draft's generate() asks at every round)."""
+        if self.__dict__.get("_uncroppable") is None:
+            self._uncroppable = self._find_uncroppable_states()
+        return self._uncroppable
 
-    def _crop_dynamic(self, cache, length: int) -> None:
+    def _find_uncroppable_states(self) -> list[str]:
+        if self.is_static:
+            return []  # a static graph holds a KV cache only
+        if self.stateful:
+            axes = _state_sequence_axes(self.model)
+            names = [op.get_variable_id() for op in self.model.get_ops() if op.get_type_name() == "ReadValue"]
+            return [name for name in names if name not in axes]
+        return [port.get_any_name() for port in self.model.inputs
+                if port.get_any_name().startswith(_PAST_PREFIXES) and not _sequence_axes(port.get_partial_shape())]
+
+    def _crop_cache(self, cache, length: int) -> None:
+        """Keep the first `length` positions of the cache (assisted generation drops rejected candidates)."""
+        if self.is_static:
+            self.static_session.crop(length)
+            self._past_length = self.static_session.filled
+            return
         import openvino as ov
 
         if self.stateful:
             axes = _state_sequence_axes(self.model)
             for state in self.request.query_state():
                 data = state.state.data
-                axis = axes.get(state.name, data.ndim - 2)
+                axis = axes[state.name]  # every state has one: generate() refuses a graph with other states
                 if data.shape[axis] > length:
                     state.state = ov.Tensor(np.ascontiguousarray(np.take(data, np.arange(length), axis=axis)))
             self._past_length = min(self._past_length, length)
@@ -308,8 +352,12 @@ def _state_sequence_axes(model) -> dict[str, int]:
     axes = {}
     for op in model.get_ops():
         if op.get_type_name() == "ReadValue":
-            shape = op.get_output_partial_shape(0)
-            dynamic = [i for i in range(shape.rank.get_length()) if shape[i].is_dynamic and i != 0]
+            dynamic = _sequence_axes(op.get_output_partial_shape(0))
             if dynamic:
                 axes[op.get_variable_id()] = dynamic[-1]
     return axes
+
+
+def _sequence_axes(shape) -> list[int]:
+    """The dynamic axes of a cache entry's shape other than the batch axis 0."""
+    return [i for i in range(shape.rank.get_length()) if shape[i].is_dynamic and i != 0]

@@ -72,7 +72,7 @@ def main(workdir: Path) -> int:
              "--consumer", "continuous-batching"]
     proof = subprocess.run(check, capture_output=True, text=True)
     print("6. optimum-cli shared-graph validate OUT --consumer continuous-batching:\n   "
-          + (proof.stderr.strip().splitlines() or ["(no output)"])[-1])
+          + ((proof.stdout if proof.returncode == 0 else proof.stderr).strip().splitlines() or ["(no output)"])[-1])
     return 0 if same and v["status"] == "passed" and proof.returncode == 0 else 1
 
 

@@ -31,7 +31,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="a compile property for the consumer (repeat the flag for several), e.g. "
                              "-p INFERENCE_PRECISION_HINT=f32 -p KV_CACHE_PRECISION=f32; on this machine's CPU, "
                              "the NPU pipeline: --device NPU -p NPU_USE_NPUW=YES -p NPUW_DEVICES=CPU")
-    parser.add_argument("--json", action="store_true", help="print the report as JSON on stdout")
+    parser.add_argument("--json", action="store_true",
+                        help="print the report as JSON on stdout (the one-line verdict then goes to stderr)")
 
 
 def parse_properties(items: list[str]) -> dict:
@@ -57,9 +58,11 @@ def run(args: argparse.Namespace) -> int:
             print(json.dumps({**err.report, "error": str(err)}, indent=2))
         print(f"error: {err}", file=sys.stderr)
         return 2
-    if args.json:
+    if args.json:  # stdout stays one JSON document (`--json > report.json`); the verdict line goes beside it
         print(json.dumps(report, indent=2))
-    print(summary(args.artifact, report), file=sys.stderr)
+        print(summary(args.artifact, report), file=sys.stderr)
+    else:
+        print(summary(args.artifact, report))
     return 0
 
 
@@ -74,8 +77,9 @@ def summary(artifact: str, report: dict) -> str:
     ties = [d for d in report["differing_steps"] if d["near_tie"]]
     if ties:
         figures += f", {len(ties)} near-tie{'s' if len(ties) > 1 else ''}"
+    rule = f"{report['rule']} rule" + "".join(f" + {term}" for term in report.get("terms") or ())
     return (f"validate: {artifact} reproduces {against} through {report['consumer']} on {report['device']} "
-            f"({figures}; tolerance {report['tolerance']:.3g}, {report['rule']} rule)")
+            f"({figures}; tolerance {report['tolerance']:.3g}, {rule})")
 
 
 def main(argv: list[str] | None = None) -> int:

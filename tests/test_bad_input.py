@@ -180,6 +180,27 @@ def test_plugin_flags_refused_with_other_tasks(flags, tiny_model, tmp_path):
     assert not out.exists()
 
 
+def test_int4_group_size_that_does_not_divide_a_width(tiny_model, out_dir, tmp_path):
+    """A width the int4 group size does not divide (SmolLM2-135M's hidden 576 with the default 128; here 96 with
+    64): one line naming the user's task and NNCF's own fix, which works."""
+    model = tiny_model("llama", hidden_size=96, num_attention_heads=6, num_key_value_heads=2, head_dim=16,
+                       intermediate_size=256)
+    before = tree_snapshot(out_dir)
+    proc = _export(model, out_dir, "--weight-format", "int4", "--group-size", "64")
+    assert proc.returncode != 0
+    line = error_line(proc)
+    assert line.startswith("error: text-generation-shared cannot quantize llama: group size 64 does not divide the "
+                           "input width 96 of "), line
+    assert "text-generation-with-past" not in line
+    assert "pass --group-size-fallback adjust" in line and "(--group-size 32)" in line
+    _assert_unchanged(out_dir, before)
+    if before is not None:
+        return
+    fixed = tmp_path / "adjusted"  # the advice works (once: the refusal is what the two output directories test)
+    _export(model, fixed, "--weight-format", "int4", "--group-size", "64", "--group-size-fallback", "adjust").check_returncode()
+    assert json.loads((fixed / "shared_graph.json").read_text())["quantization"]["weight_format"] == "int4"
+
+
 def test_non_empty_foreign_output_directory_is_refused(tiny_model, tmp_path):
     out = tmp_path / "mine"
     out.mkdir()

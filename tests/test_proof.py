@@ -21,16 +21,16 @@ NPUW = {"NPU_USE_NPUW": "YES", "NPUW_DEVICES": "CPU"}
 
 @pytest.fixture(scope="module")
 def artifacts(tiny_model, tmp_path_factory):
-    """`artifacts(kind)` -> an artifact of the tiny llama: "dynamic", "static", "int8", "unchecked" (exported once,
+    """`artifacts(kind)` -> an artifact of the tiny llama: "dynamic", "static", "int8", "int4", "unchecked" (exported once,
     through the Python API: the command line's export is the same pipeline, tested in test_export_cli.py)."""
     options = {"dynamic": {}, "static": {"shape_mode": "static", "max_cache_len": 64},
-               "int8": {"weight_format": "int8"}, "unchecked": {"skip_validation": True}}
+               "int8": {"weight_format": "int8"}, "int4": {"weight_format": "int4"}, "unchecked": {"skip_validation": True}}
     made = {}
 
     def get(kind: str):
         if kind not in made:
             out = tmp_path_factory.mktemp("proof") / kind
-            model = tiny_model("llama", **QUANTIZABLE) if kind == "int8" else tiny_model("llama")
+            model = tiny_model("llama", **QUANTIZABLE) if kind in ("int8", "int4") else tiny_model("llama")
             osg.export(str(model), out, quiet=True, **options[kind])
             made[kind] = out
         return made[kind]
@@ -111,7 +111,8 @@ def test_a_fresh_export_passes_through_every_consumer(artifacts, consumer, devic
         assert report["rule"] == "fp16" and report["precision"][key] == next(iter(forced.values())), report
     if properties == EXACT:
         assert report["greedy_match"], report
-        assert report["rule"] == "fp32" and report["precision"] == {"inference": "f32", "kv_cache": "f32"}
+        assert report["rule"] == "fp32" and report["terms"] == []
+        assert report["precision"]["inference"] == report["precision"]["kv_cache"] == "f32"
         assert report["max_abs_diff_decode"] < 1e-4
 
 
@@ -136,6 +137,35 @@ def test_a_broken_decode_graph_fails_with_one_line(artifacts, tmp_path):
     line = error_line(proc)  # after step 1's near-tie GenAI is restarted from the reference's context: a clear flip
     assert line.startswith("error: validation failed: genai on CPU does not reproduce PyTorch: greedy token ")
     assert "above the tolerance" in line
+
+
+def test_a_quantized_artifact_under_default_properties_passes_and_its_broken_decode_fails(artifacts, tmp_path):
+    """int4 weights under the device's defaults: the export's reference was computed in f32, with the CPU plugin's
+    int8 quantization of the int4 matmuls' activations; a consumer computing in bf16 (with a u8 KV cache, this
+    machine's CPU defaults) rounds differently in each of those. The rule adds a term for each 8-bit rounding
+    (docs/deploy.md): this artifact's default-properties difference exceeds the 16-bit rule alone on a CPU with
+    bf16 units, and passes; the same graph with its decode logits negated still fails."""
+    from optimum_shared_graph.proof.judge import RELATIVE_TOLERANCE, TERMS, logit_scale
+
+    out = artifacts("int4")
+    assert read_manifest(out).validation["compile_config"]["DYNAMIC_QUANTIZATION_GROUP_SIZE"] >= 0  # recorded
+    exact = osg.validate(out, "openvino", "CPU", EXACT)  # computed as the export did: no term, the same logits
+    assert exact["rule"] == "fp16" and exact["terms"] == [] and exact["max_abs_diff_decode"] < 1e-4
+    report = osg.validate(out, "openvino", "CPU", {})
+    assert report["status"] == "passed" and all(d["near_tie"] for d in report["differing_steps"]), report
+    precision = report["precision"]
+    expected = (["8-bit KV cache"] if precision["kv_cache"] in ("u8", "i8") else []) + (
+        ["8-bit activations"] if (precision["inference"], precision["kv_cache"]) != ("f32", "f32") else [])
+    assert report["terms"] == expected, report
+    scale = logit_scale(list(np.load(out / REFERENCE_NAME)["logits"]))
+    assert report["tolerance"] == pytest.approx(scale * np.sqrt(RELATIVE_TOLERANCE["fp16"] ** 2
+                                                               + sum(TERMS[t] ** 2 for t in expected)))
+    broken = _break_decode(out, tmp_path)
+    with pytest.raises(osg.ArtifactValidationError, match="does not reproduce the exported graph") as info:
+        osg.validate(broken, "openvino", "CPU", {})
+    failed = info.value.report
+    assert failed["terms"] == expected and failed["max_abs_diff_prefill"] <= failed["tolerance"]
+    assert failed["max_abs_diff_decode"] > 10 * failed["tolerance"]  # a negated decode is far beyond any rounding
 
 
 def test_a_kv_cache_too_coarse_fails(artifacts):
@@ -195,8 +225,11 @@ def test_the_command_prints_the_report_and_changes_nothing(artifacts):
     report = json.loads(proc.stdout)
     assert report["status"] == "passed" and report["rule"] == "fp32"
     assert report["properties"] == EXACT
-    assert "reproduces PyTorch through optimum on CPU" in proc.stderr.splitlines()[-1]
+    assert "reproduces PyTorch through optimum on CPU" in proc.stderr.splitlines()[-1]  # beside the JSON
     assert tree_snapshot(out) == before
+    proc = run_cli("shared-graph", "validate", str(out), check=True)  # without --json: the verdict on stdout
+    assert proc.stdout.splitlines()[-1].startswith(f"validate: {out} reproduces PyTorch through openvino on CPU (")
+    assert "reproduces" not in proc.stderr
 
 
 def test_the_module_entry_point_is_the_same_command(artifacts):
@@ -207,7 +240,7 @@ def test_the_module_entry_point_is_the_same_command(artifacts):
     proc = subprocess.run([sys.executable, "-m", "optimum_shared_graph", "validate", str(artifacts("dynamic"))],
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert "reproduces PyTorch through openvino on CPU" in proc.stderr.splitlines()[-1]
+    assert "reproduces PyTorch through openvino on CPU" in proc.stdout.splitlines()[-1]
     proc = subprocess.run([sys.executable, "-m", "optimum_shared_graph", "validate", str(artifacts("unchecked"))],
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 2 and "has no stored reference" in error_line(proc)

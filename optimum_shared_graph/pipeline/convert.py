@@ -231,11 +231,46 @@ def convert(raw_export, source: str, raw: Path, *, task: str, exported_type: str
         problem = disk_problem(raw.parent.parent, err)
         if problem is not None:  # a full disk, not the model: say so
             raise write_error(raw.parent.parent, err, problem) from err
+        from ..errors import InvalidOptionsError
+        from ..tasks import TASK
+
+        group_size = group_size_problem(err)
+        if group_size is not None:  # a flag the user can change, not the model: say which and how
+            raise InvalidOptionsError(f"{TASK} cannot quantize {exported_type}: {group_size} (nothing was written)") from err
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        with_fix = f" (with {fix.module})" if fix is not None else ""
+        with_fix = f", with {fix.module}" if fix is not None else ""
         raise ModelNotSupportedError(
-            f"optimum-intel could not export {exported_type} as {task}{with_fix}: {first}") from err
+            f"optimum-intel could not export {exported_type} for {TASK} (its {task} export{with_fix}): {first}") from err
     return lifted, fix
+
+
+def group_size_problem(err: BaseException) -> str | None:
+    """What to say when NNCF refused a group size that does not divide some matmuls' input width (its
+    `InvalidGroupSizeError`, anywhere in `err`'s chain), else None."""
+    import math
+    import re
+
+    seen = set()
+    while err is not None and id(err) not in seen:
+        seen.add(id(err))
+        if type(err).__name__ == "InvalidGroupSizeError":
+            break
+        err = err.__cause__ or err.__context__
+    else:
+        return None
+    text = str(err)
+    asked = re.search(r"group size value (\d+)", text)
+    widths = sorted({int(w) for w in re.findall(r"channel size: (\d+)", text)})
+    if asked is None or not widths:
+        return None
+    group = int(asked.group(1))
+    common = math.gcd(*widths)
+    divides = next((g for g in (group // 2 ** k for k in range(1, 8)) if g >= 8 and common % g == 0), None)
+    instead = f", or a group size that divides {'them' if len(widths) > 1 else 'it'} (--group-size {divides})" if divides else ""
+    nodes = len(re.findall(r"channel size: \d+", text))
+    width = f"input width{'s' if len(widths) > 1 else ''} {', '.join(map(str, widths))}"
+    return (f"group size {group} does not divide the {width} of {nodes} of its matmuls; pass "
+            f"--group-size-fallback adjust (NNCF then picks a group size that divides each such width){instead}")
 
 
 def return_freed_memory() -> None:

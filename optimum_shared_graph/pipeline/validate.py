@@ -66,7 +66,7 @@ def judge_export(outputs: list[np.ndarray], run: dict, capture: Capture, weight_
     differing = [{"step": d["step"], "pytorch": d["expected"], "openvino": d["got"], "pytorch_margin": d["margin"],
                   "near_tie": d["near_tie"]} for d in judged.pop("differing_steps")]
     report = {
-        "compile_config": dict(EXACT_CONFIG),
+        "compile_config": exact_compile_config(quantized=not enforced),
         "run": run,
         "prompt_tokens": int(capture.prompt_ids.shape[1]),
         "decode_steps": len(capture.calls) - 1,
@@ -83,6 +83,22 @@ def judge_export(outputs: list[np.ndarray], run: dict, capture: Capture, weight_
             report=report,
         )
     return report
+
+
+def exact_compile_config(quantized: bool) -> dict:
+    """The properties the graph was compiled with for validation. For quantized weights, also the dynamic
+    quantization group size the CPU plugin used by default (it quantizes the activations of int4/int8 matmuls
+    to int8 even under an f32 inference precision): the stored reference carries that rounding, and
+    `validate()` asks whether a consumer computes the same (`proof/check.py`, `_rule`)."""
+    config = dict(EXACT_CONFIG)
+    if quantized:
+        import openvino as ov
+
+        try:
+            config["DYNAMIC_QUANTIZATION_GROUP_SIZE"] = int(ov.Core().get_property("CPU", "DYNAMIC_QUANTIZATION_GROUP_SIZE"))
+        except Exception:  # a CPU plugin without the property: nothing to record
+            pass
+    return config
 
 
 def _teacher_forced(capture: Capture):

@@ -11,7 +11,7 @@ from typing import Any
 from ..errors import ArtifactValidationError, InvalidOptionsError
 from ..manifest import read_manifest
 from . import consumers
-from .judge import REDUCED_PRECISION, judge_logits, judge_tokens, scaled_tolerance
+from .judge import REDUCED_PRECISION, judge_logits, judge_tokens, relative_tolerance, scaled_tolerance
 from .stored import Reference
 
 F32 = {"f32", "float32"}
@@ -67,8 +67,9 @@ def validate(path: str | os.PathLike, consumer: str = "openvino", device: str = 
     weight_format = (manifest.quantization or {}).get("weight_format") or "fp32"
     if (manifest.quantization or {}).get("quant_mode"):
         weight_format = "int8"
-    rule = _rule(weight_format, reference, precision)
-    tolerance = scaled_tolerance(rule, reference.calls)
+    exported_with = (manifest.validation or {}).get("compile_config") or {}
+    rule, terms = _rule(weight_format, reference, precision, exported_with)
+    tolerance = scaled_tolerance(rule, reference.calls, terms)
     if consumer in consumers.TEACHER_FORCED:
         judged, why = judge_logits(outputs, reference.calls, tolerance)
     else:
@@ -81,6 +82,8 @@ def validate(path: str | os.PathLike, consumer: str = "openvino", device: str = 
         "precision": precision,
         "judged_against": reference.judged_against,
         "rule": rule,
+        "terms": terms,
+        "relative_tolerance": relative_tolerance(rule, terms),
         "seconds": round(seconds, 2),
         **judged,
     }
@@ -91,11 +94,34 @@ def validate(path: str | os.PathLike, consumer: str = "openvino", device: str = 
     return report
 
 
-def _rule(weight_format: str, reference: Reference, precision: dict) -> str:
-    """The tolerance rule: the export's for the weight format when the consumer computes in f32 with an f32 KV
-    cache; the 16-bit rule when it does not (or cannot say), or when the reference is the exported graph's own
-    logits (quantized weights, where only the consumer's arithmetic can differ)."""
-    exact = all(str(value).lower() in F32 for value in precision.values()) and bool(precision)
+EIGHT_BIT = {"u8", "i8", "uint8", "int8", "uint8_t", "int8_t"}
+QUANTIZED_WEIGHTS_EXEMPT = {"fp32", "fp16"}  # weight formats whose matmuls the CPU plugin does not quantize
+
+
+def _rule(weight_format: str, reference: Reference, precision: dict, exported_with: dict) -> tuple[str, list[str]]:
+    """The tolerance rule and the `judge.TERMS` added to it (in quadrature).
+
+    The rule: the export's for the weight format when the consumer computes in f32 with an f32 KV cache; the
+    16-bit rule when it does not (or cannot say), or when the reference is the exported graph's own logits
+    (quantized weights, where only the consumer's arithmetic can differ).
+
+    The terms, one per rounding to 8 bits the consumer's results carry and the reference's do not (or the other
+    way round): "8-bit KV cache" for a u8/i8 KV cache; "8-bit activations" for int4/int8 weights unless the
+    consumer computes as the export did (f32, f32 KV cache and the dynamic quantization group size the export's
+    CPU compile used, `exported_with`): the export's reference carries the CPU plugin's int8 quantization of
+    those matmuls' activations, which a consumer computing in bf16, with another group size or on another
+    device does not reproduce.
+    """
+    inference, kv_cache = (str(precision.get(k) or "").lower() for k in ("inference", "kv_cache"))
+    exact = inference in F32 and kv_cache in F32
+    terms = []
+    if kv_cache in EIGHT_BIT:
+        terms.append("8-bit KV cache")
+    if weight_format not in QUANTIZED_WEIGHTS_EXEMPT:
+        group = precision.get("dynamic_quantization_group_size")
+        exported = exported_with.get("DYNAMIC_QUANTIZATION_GROUP_SIZE")
+        if not (exact and group is not None and exported is not None and str(group) == str(exported)):
+            terms.append("8-bit activations")
     if reference.judged_against == "graph" or not exact or weight_format != "fp32":
-        return REDUCED_PRECISION
-    return "fp32"
+        return REDUCED_PRECISION, terms
+    return "fp32", terms

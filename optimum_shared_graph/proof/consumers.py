@@ -35,12 +35,20 @@ def run(consumer: str, path: Path, manifest: Manifest, reference: Reference, dev
     return _RUNNERS[consumer](path, manifest, reference, device, properties)
 
 
+# The compile properties the rule reads (`check._rule`), by their name in the report's `precision`.
+PRECISION_PROPERTIES = (("INFERENCE_PRECISION_HINT", "inference"), ("KV_CACHE_PRECISION", "kv_cache"),
+                        ("DYNAMIC_QUANTIZATION_GROUP_SIZE", "dynamic_quantization_group_size"))
+
+
+def _as_text(value) -> str:
+    return value.to_string() if hasattr(value, "to_string") else str(value)
+
+
 def _compiled_precision(compiled) -> dict:
     found = {}
-    for key, name in (("INFERENCE_PRECISION_HINT", "inference"), ("KV_CACHE_PRECISION", "kv_cache")):
+    for key, name in PRECISION_PROPERTIES:
         try:
-            value = compiled.get_property(key)
-            found[name] = value.to_string() if hasattr(value, "to_string") else str(value)
+            found[name] = _as_text(compiled.get_property(key))
         except Exception:  # a device without the property
             found[name] = None
     return found
@@ -123,11 +131,31 @@ def _greedy_config(new_tokens: int):
     return config
 
 
-def _reduced_unless_f32(properties: dict) -> dict:
-    """GenAI's pipelines do not report their compiled precision: what the properties ask for (None: the
-    artifact's runtime options or the device's defaults, judged by the 16-bit rule)."""
-    return {"inference": str(properties.get("INFERENCE_PRECISION_HINT", "")) or None,
-            "kv_cache": str(properties.get("KV_CACHE_PRECISION", "")) or None}
+def _requested_precision(path: Path, manifest: Manifest, device: str, properties: dict) -> dict:
+    """GenAI's pipelines do not report their compiled precision: what the properties ask for, else the artifact's
+    runtime options (the IR's rt_info, which the pipelines honour), else the device's default (None where the
+    device cannot say: an absent device, the NPU pipeline's own compile)."""
+    import openvino as ov
+
+    core = ov.Core()
+    options = {}
+    try:
+        graph = (manifest.graph or {}).get("files")[0]
+        rt_info = core.read_model(str(path / graph)).get_rt_info()
+        if "runtime_options" in rt_info:
+            options = {key: str(value.value) for key, value in rt_info["runtime_options"].items()}
+    except Exception:  # no readable runtime options: the properties and the device's defaults decide
+        options = {}
+    found = {}
+    for key, name in PRECISION_PROPERTIES:
+        value = properties.get(key, options.get(key))
+        if value is None:
+            try:
+                value = _as_text(core.get_property(device, key))
+            except Exception:  # the device does not have the property (or is not on this machine)
+                value = None
+        found[name] = None if value is None else str(value)
+    return found
 
 
 def greedy_of(pipe, reference: Reference):
@@ -145,7 +173,7 @@ def _genai(path: Path, manifest: Manifest, reference: Reference, device: str, pr
     import openvino_genai as genai
 
     pipe = genai.LLMPipeline(str(path), device, **properties)
-    return greedy_of(pipe, reference), _reduced_unless_f32(properties)
+    return greedy_of(pipe, reference), _requested_precision(path, manifest, device, properties)
 
 
 def _continuous_batching(path: Path, manifest: Manifest, reference: Reference, device: str, properties: dict):
@@ -160,7 +188,7 @@ def _continuous_batching(path: Path, manifest: Manifest, reference: Reference, d
         result = pipe.generate([_genai_input(reference, row, start).input_ids], [_greedy_config(calls - start)])
         return list(result[0].m_generation_ids[0])
 
-    return generate, _reduced_unless_f32(properties)
+    return generate, _requested_precision(path, manifest, device, properties)
 
 
 _RUNNERS = {"openvino": _openvino, "optimum": _optimum, "runtime": _runtime, "genai": _genai,

@@ -7,7 +7,9 @@ What it holds (numpy arrays, no pickled objects, no weights):
 - `logits` (`[calls, batch, vocab]`, float32): the reference's last-position logits of each call. For fp32 and
   fp16 weights they are PyTorch's (the export's judge); for quantized weights, whose difference from PyTorch is
   the quantization's (recorded in the manifest at export), they are the exported graph's own, computed on the
-  export machine's CPU in f32: a deployed check then asks "does this device compute what the export computed".
+  export machine's CPU in f32 (with the CPU plugin's default int8 quantization of the quantized matmuls'
+  activations, whose group size the manifest's `validation.compile_config` records): a deployed check then asks
+  "does this device compute what the export computed".
 
 The manifest records under `validation.reference` the file name, its sha256, its size and how it is judged;
 `validate()` refuses a file whose sha256 differs.

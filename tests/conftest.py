@@ -276,13 +276,17 @@ def pytorch_reference(model, enc, new_tokens: int):
                      logits=np.stack([step.float().numpy() for step in out.logits]))
 
 
-def judged_greedy(pipe, reference) -> str | None:
+def judged_greedy(pipe, reference, properties: dict | None = None) -> str | None:
     """Judge a GenAI pipeline's greedy tokens (any device, the NPU pipeline included) against `reference` as
-    `validate()` judges a consumer whose precision it cannot read: a differing pick is allowed only at a near-tie
-    (the reference's top-2 margin within the 16-bit tolerance), where the pipeline is restarted from the
-    reference's context. Returns the reason it fails, or None."""
+    `validate()` judges a consumer at reduced precision: a differing pick is allowed only at a near-tie (the
+    reference's top-2 margin within the 16-bit tolerance, with validate()'s term for an 8-bit KV cache where
+    `properties` ask for one), where the pipeline is restarted from the reference's context. Returns the reason
+    it fails, or None."""
+    from optimum_shared_graph.proof.check import EIGHT_BIT
     from optimum_shared_graph.proof.consumers import greedy_of
     from optimum_shared_graph.proof.judge import REDUCED_PRECISION, judge_tokens, scaled_tolerance
 
-    tolerance = scaled_tolerance(REDUCED_PRECISION, reference.calls)
+    kv_cache = str((properties or {}).get("KV_CACHE_PRECISION", "")).lower()
+    terms = ["8-bit KV cache"] if kv_cache in EIGHT_BIT else []
+    tolerance = scaled_tolerance(REDUCED_PRECISION, reference.calls, terms)
     return judge_tokens(greedy_of(pipe, reference), reference.calls, reference.fed, tolerance)[1]

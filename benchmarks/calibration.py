@@ -139,7 +139,7 @@ def reference(model: Path, prompts: list[np.ndarray], steps: int) -> list[dict]:
             gen = pt.generate(torch.from_numpy(ids), attention_mask=torch.ones(ids.shape, dtype=torch.long),
                               max_new_tokens=steps + 1, min_new_tokens=steps + 1, do_sample=False,
                               output_logits=True, return_dict_in_generate=True, pad_token_id=0)
-            logp = [torch.log_softmax(l[0].float(), -1).numpy() for l in gen.logits]
+            logp = [torch.log_softmax(step[0].float(), -1).numpy() for step in gen.logits]
             out.append({"tokens": gen.sequences[0, ids.shape[1]:].numpy(), "logp": logp})
     del pt
     return out

@@ -9,6 +9,7 @@ import threading
 from pathlib import Path
 
 from .errors import SharedGraphError
+from .host import export_command_extended
 from .options import FALLBACK_MODES, LOGITS_MODES, SHAPE_MODES, ExportOptions
 from .registration import register_tasks_on_import
 from .tasks import BASE_TASK, TASK
@@ -138,27 +139,5 @@ def register() -> None:
         >>> optimum_shared_graph.register()  # a second call changes nothing
     """
     with _lock:
-        _patch_export_command()
+        export_command_extended(add_arguments, run)  # host/: optimum-intel's command, for the process
         register_tasks_on_import()
-
-
-def _patch_export_command() -> None:
-    try:
-        from optimum.commands.export import openvino as cli_module
-    except ImportError:  # optimum-intel not installed: nothing to patch
-        return
-    command = cli_module.OVExportCommand
-    if getattr(command, "_shared_graph_original", None) is not None:
-        return
-    original_parse, original_run = command.parse_args, command.run
-
-    def parse_args(parser):
-        original_parse(parser)
-        add_arguments(parser)
-
-    def patched_run(self):
-        return run(self, original_run)
-
-    command._shared_graph_original = (original_parse, original_run)
-    command.parse_args = staticmethod(parse_args)
-    command.run = patched_run

@@ -11,6 +11,7 @@ import importlib
 import sys
 import threading
 
+from .host import task_registered
 from .tasks import BASE_TASK, TASK
 
 _EXPORTER_MODULE = "optimum.exporters.openvino"
@@ -74,25 +75,7 @@ def register_tasks() -> list[str]:
         if _tasks_registered is not None:
             return list(_tasks_registered)
         importlib.import_module(_EXPORTER_MODULE)
-        from optimum.exporters.tasks import TasksManager
-
-        TasksManager._TRANSFORMERS_TASKS_TO_MODEL_LOADERS.setdefault(TASK, "AutoModelForCausalLM")
-        mappings = getattr(TasksManager, "_TRANSFORMERS_TASKS_TO_MODEL_MAPPINGS", None)
-        if isinstance(mappings, dict) and "text-generation" in mappings:
-            mappings.setdefault(TASK, mappings["text-generation"])
-        model_types = []
-        for model_type, exporters in TasksManager._SUPPORTED_MODEL_TYPE.items():
-            tasks = exporters.get("openvino") if isinstance(exporters, dict) else None
-            if tasks and BASE_TASK in tasks:
-                tasks.setdefault(TASK, tasks[BASE_TASK])
-                model_types.append(model_type)
-        try:
-            from optimum.intel.openvino import utils as ov_utils
-
-            ov_utils._HEAD_TO_AUTOMODELS.setdefault(TASK, ov_utils._HEAD_TO_AUTOMODELS["text-generation"])
-        except (ImportError, KeyError, AttributeError):
-            pass
-        _tasks_registered = sorted(model_types)
+        _tasks_registered = sorted(task_registered(TASK, BASE_TASK))  # host/: TasksManager, for the process
         return list(_tasks_registered)
 
 

@@ -3,7 +3,7 @@
 Each page's code blocks run in order in a fresh directory holding `./my-model` (a tiny random-init
 llama with a local tokenizer) and `./calibration.txt` (a few lines of text, the local calibration
 dataset the quantization examples name): ```python blocks in one Python process per page, and the
-`optimum-cli export` and `optimum-cli shared-graph` commands of ```bash blocks (with their `\`-continued lines) as commands. Blocks that install packages or use
+`optimum-cli export` and `optimum-cli shared-graph` commands of ```bash blocks (with their `\\`-continued lines) as commands. Blocks that install packages or use
 upper-case placeholders (MODEL, OUT, ARTIFACT) are not runnable as written and are skipped.
 """
 

@@ -10,6 +10,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "optimum_shared_graph"
 
 # Each layer may import its own layer and the ones below, never one above (docs/design.md draws it).
 LAYERS = [
+    {"host"},  # every patch of optimum-intel, Optimum and transformers; imports nothing of the package
     {"errors", "tasks", "options", "manifest", "verified", "registration", "progress"},  # leaves
     {"graph"},  # transforms of OpenVINO graphs
     {"architectures"},  # fixes of optimum-intel's export configs, one module per architecture family
@@ -101,6 +102,15 @@ def test_no_import_cycle():
 def test_the_checks_see_function_level_imports(tmp_path):
     """The graph counts an import inside a function (the kind that used to hide cycles)."""
     assert "optimum_shared_graph.pipeline.static" in _graph()["optimum_shared_graph.pipeline.export"]
+
+
+def test_host_imports_nothing_of_the_package():
+    """host/, the patches of the libraries the package does not own, is the bottom layer: it imports only
+    its own modules, so every stage (and the CLI, and registration) can use it."""
+    graph = _graph()
+    outside = {f"{m} -> {d}" for m, deps in graph.items() if m.startswith("optimum_shared_graph.host")
+               for d in deps if not d.startswith("optimum_shared_graph.host")}
+    assert not outside, outside
 
 
 def test_every_subpackage_is_installed():

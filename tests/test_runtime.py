@@ -308,7 +308,7 @@ def draft_artifact(near_draft, tmp_path_factory):
 DRAFTS = [("last", False), ("all", True)]
 
 
-@pytest.mark.parametrize("logits,stateful", DRAFTS, ids=[f"{l}-{'stateful' if s else 'stateless'}" for l, s in DRAFTS])
+@pytest.mark.parametrize("logits,stateful", DRAFTS, ids=[f"{lg}-{'stateful' if s else 'stateless'}" for lg, s in DRAFTS])
 def test_runtime_artifact_as_draft_proposes_what_its_pytorch_model_does(logits, stateful, draft_artifact, near_draft,
                                                                          reference):
     """A runtime() draft of a PyTorch main model: its cache is cropped back to the accepted tokens after each round,

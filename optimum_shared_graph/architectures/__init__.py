@@ -17,17 +17,19 @@ A fix module defines:
 
 `fix_applied(model_type)` points optimum-intel's `TasksManager` entry for the model type at the fixed
 config for the duration of one `text-generation-shared` export, and puts the original back afterwards,
-so optimum-intel's own tasks in the same process are untouched. Every export is validated against
+so optimum-intel's own tasks in the same process are untouched (the swap is host/'s
+`export_configs_replaced`, with every other patch of optimum-intel; the fixed configs are this package's). Every export is validated against
 PyTorch, so a fix that does not reproduce the model is refused like any other graph.
 """
 
 from __future__ import annotations
 
 import contextlib
-import functools
 import importlib
 from dataclasses import dataclass
 from typing import Iterator
+
+from ..host import export_configs_replaced, openvino_entries
 
 
 def fix_modules() -> list[str]:
@@ -81,15 +83,8 @@ def fixed_model_types() -> set[str]:
     return {t for name in fix_modules() for t in _load(name).MODEL_TYPES}
 
 
-def _entries(model_type: str):
-    """optimum-intel's `TasksManager` entries (task -> constructor) for `model_type`'s OpenVINO export."""
-    from optimum.exporters.tasks import TasksManager
-    import optimum.exporters.openvino.model_configs  # noqa: F401  (registers optimum-intel's configs)
-
-    name = model_type.replace("_", "-")
-    table = TasksManager._SUPPORTED_MODEL_TYPE
-    found = table.get(name) or table.get(model_type) or {}
-    return found.get("openvino", {})
+# optimum-intel's TasksManager entries (task -> constructor) for a model type's OpenVINO export (host/)
+_entries = openvino_entries
 
 
 @contextlib.contextmanager
@@ -100,20 +95,11 @@ def fix_applied(model_type: str) -> Iterator[Fix | None]:
     tasks only, and the original entries are restored on exit, whatever happens inside.
     """
     module = fix_module(model_type)
-    entries = _entries(model_type) if module is not None else {}
-    originals = {task: entries[task] for task in _TASKS if task in entries}
-    if not originals:
+    if module is None:
         yield None
         return
-    fixed = {}
-    for task, constructor in originals.items():
-        base = getattr(constructor, "func", constructor)
-        if base not in fixed:
-            fixed[base] = module.export_config(base)
-        cls = fixed[base]
-        entries[task] = (functools.partial(cls, *constructor.args, **constructor.keywords)
-                         if isinstance(constructor, functools.partial) else cls)
-    try:
+    with export_configs_replaced(model_type, _TASKS, module.export_config) as originals:  # host/: the swap
+        if not originals:
+            yield None
+            return
         yield Fix(f"{__name__}.{module.__name__.rsplit('.', 1)[-1]}", model_type, module.SUMMARY, module.TRANSFORMERS)
-    finally:
-        entries.update(originals)

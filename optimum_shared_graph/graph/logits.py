@@ -51,7 +51,7 @@ def find_logits_projection(model):
     )
 
 
-def slice_logits(model, index=None, *, name: str = "shared_graph/last_position") -> None:  # noqa: the name is LAST_POSITION
+def slice_logits(model, index=None, *, name: str = "shared_graph/last_position") -> None:  # noqa: E501 (the name is LAST_POSITION)
     """Compute logits for one position only: gather it before the vocabulary projection, in place.
 
     Slicing before the projection (not after) is what saves the `seq x hidden x vocab` multiply and

@@ -13,6 +13,7 @@ import os
 import shutil
 from pathlib import Path
 
+from .. import host
 from ..errors import ArtifactWriteError, SharedGraphError
 from ..graph.precision import keep_vectors_exact
 
@@ -80,9 +81,7 @@ def no_dynamic_graph(static):
     """
     if static is None or static.calibrating:
         return contextlib.nullcontext()
-    from .static import without_dynamic_graph
-
-    return without_dynamic_graph()
+    return host.dynamic_graph_skipped()
 
 
 
@@ -159,42 +158,19 @@ def one_model_load(on_model, *, load_error, before_save=None, load_kwargs=None):
     the validation reference, in the dtype optimum-intel picks. A failure of optimum-intel's loader is
     `load_error(err)`. `before_save(ov_model)` transforms each graph optimum-intel is about to save (the logits
     slice), so it writes the final graph once. `load_kwargs` go to the loader's `from_pretrained` (a multimodal
-    checkpoint's weight renaming, `multimodal.py`).
+    checkpoint's weight renaming, `multimodal.py`). The patches of optimum-intel are host/'s
+    (`models_handed_over`, `graphs_before_save`, `model_loads_wrapped`).
     """
-    import optimum.exporters.openvino.convert as ov_convert
-    from optimum.exporters.tasks import TasksManager
 
-    original_export = ov_convert.export_from_model
-    original_load = TasksManager.__dict__["get_model_from_task"]
-    original_save = ov_convert._save_model
-
-    def save_model(model, *args, **kwargs):
+    def save_hook(model, ov_config):
         if before_save is not None:
             before_save(model)
-        ov_config = kwargs.get("ov_config", args[1] if len(args) > 1 else None)
         if getattr(ov_config, "dtype", None) == "fp16":  # what makes optimum-intel save with compress_to_fp16
             keep_vectors_exact(model)
-        return original_save(model, *args, **kwargs)
 
-    def export_from_model(model, *args, **kwargs):
-        output = Path(kwargs["output"] if "output" in kwargs else args[0])  # where optimum-intel writes now
-        return on_model(model, lambda: original_export(model, *args, **kwargs), output)
-
-    def get_model_from_task(*args, **kwargs):
-        try:
-            return original_load.__func__(*args, **kwargs, **(load_kwargs or {}))
-        except Exception as err:
-            raise load_error(err) from err
-
-    ov_convert.export_from_model = export_from_model
-    ov_convert._save_model = save_model
-    TasksManager.get_model_from_task = staticmethod(get_model_from_task)
-    try:
+    with host.models_handed_over(on_model), host.graphs_before_save(save_hook), \
+            host.model_loads_wrapped(load_error, load_kwargs):
         yield
-    finally:
-        ov_convert.export_from_model = original_export
-        ov_convert._save_model = original_save
-        TasksManager.get_model_from_task = original_load
 
 
 def convert(raw_export, source: str, raw: Path, *, task: str, exported_type: str, validating: bool,

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .. import host
 from ..errors import ModelNotSupportedError
 from ..registration import supported_model_types
 from ..tasks import BASE_TASK, TASK, VLM_TASK
@@ -238,20 +239,8 @@ def left_out_unreported(language: LanguageModel | None):
         return
     import transformers
 
-    cls = getattr(transformers, language.architecture)
-    saved = cls.__dict__.get("_keys_to_ignore_on_load_unexpected", _UNSET)
-    cls._keys_to_ignore_on_load_unexpected = list(getattr(cls, "_keys_to_ignore_on_load_unexpected", None) or []) + \
-        language.ignored
-    try:
+    with host.unexpected_keys_ignored(getattr(transformers, language.architecture), language.ignored):
         yield
-    finally:
-        if saved is _UNSET:
-            del cls._keys_to_ignore_on_load_unexpected
-        else:
-            cls._keys_to_ignore_on_load_unexpected = saved
-
-
-_UNSET = object()
 
 
 def _checkpoint_names(source: Path) -> set[str] | None:

@@ -31,6 +31,7 @@ from typing import Iterator
 
 import numpy as np
 
+from .. import host
 from ..errors import InvalidOptionsError, ModelNotSupportedError
 from ..graph.logits import slice_logits
 from ..graph.precision import keep_vectors_exact
@@ -97,8 +98,6 @@ def export_static_graph(pt_model, shapes: StaticShapes, *, logits: str, stateful
     from openvino.frontend.pytorch.ts_decoder import TorchScriptPythonDecoder
     from optimum.exporters import openvino as _registers_openvino_configs  # noqa: F401
     from optimum.exporters.tasks import TasksManager
-    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
-    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
     B, C, cap = shapes.batch_size, shapes.query_len, shapes.cache_len
     kv_shapes = _kv_shapes(pt_model, B, cap)
@@ -114,7 +113,6 @@ def export_static_graph(pt_model, shapes: StaticShapes, *, logits: str, stateful
         ) from err
     export_config = constructor(pt_model.config, int_dtype="int64", float_dtype="fp32")
     patcher = export_config.patch_model_for_export(pt_model, model_kwargs=None)
-    _pass_a_cache_through(patcher)
     query_slots: dict = {}  # the call's cache_position, for attention that needs the query slots (`_static_forms`)
     wrapper = _StaticDecoder(pt_model, len(kv_shapes), takes_positions, query_slots)
 
@@ -132,10 +130,12 @@ def export_static_graph(pt_model, shapes: StaticShapes, *, logits: str, stateful
         names += [f"past_key_values.{i}.key", f"past_key_values.{i}.value"]
     args = tuple(example.values()) + tuple(past)
 
-    masks = _wrapped_in(ALL_MASK_ATTENTION_FUNCTIONS, ("sdpa", "eager"), _with_int_query_length)
-    attention = _wrapped_in(ALL_ATTENTION_FUNCTIONS, ("sdpa",), _grouped_sdpa)
+    # transformers' masks and attention, and optimum-intel's Gemma 2 patcher given a Cache, for this trace (host/)
+    masks = host.mask_functions_wrapped(("sdpa", "eager"), _with_int_query_length)
+    attention = host.attention_functions_wrapped(("sdpa",), _grouped_sdpa)
     static_forms = _static_forms(pt_model, query_slots)
-    with torch.no_grad(), patcher, masks, attention, static_forms, _traceable_16bit(pt_model):
+    with torch.no_grad(), host.cache_passed_through(patcher), patcher, masks, attention, static_forms, \
+            _traceable_16bit(pt_model):
         decoder = TorchScriptPythonDecoder(wrapper, example_input=args, trace_kwargs={"check_trace": False})
         ov_model = ov.convert_model(decoder, example_input=args, input=[(tuple(a.shape), _ov_type(a)) for a in args])
     for port, name in zip(ov_model.inputs, names):
@@ -177,20 +177,6 @@ def _traceable_16bit(pt_model) -> Iterator[None]:
         unpatch_model(pt_model, "_openvino_module_extension_patch_orig_forward")
 
 
-@contextlib.contextmanager
-def _wrapped_in(interface, keys: tuple[str, ...], wrap) -> Iterator[None]:
-    """Inside the static trace: the functions `keys` of a transformers interface (its mask or attention
-    functions) replaced by `wrap(function)`, and restored after."""
-    saved = {key: interface[key] for key in keys}
-    for key, inner in saved.items():
-        interface.register(key, wrap(inner))
-    try:
-        yield
-    finally:
-        for key, inner in saved.items():
-            interface.register(key, inner)
-
-
 def _grouped_sdpa(inner):
     """transformers' SDPA attention for the static trace: grouped-query attention without repeating the
     KV buffers per query head.
@@ -221,39 +207,6 @@ def _grouped_sdpa(inner):
         return out, None
 
     return attention
-
-
-def _pass_a_cache_through(patcher) -> None:
-    """The static trace's `Cache` reaches the model's forward as it is, through optimum-intel's Gemma 2 patcher.
-
-    `Gemma2ModelPatcher` (the patcher of optimum-intel's Gemma 2, Gemma 3 text and Gemma 3n text configs) wraps
-    whatever `past_key_values` its forward gets in a new `DynamicCache`, which takes legacy `(key, value)` tuples:
-    the static trace's `Cache` of fixed-capacity layers fails there ("'Cache' object is not iterable"). With a
-    `Cache`, its forward here calls the model's own with optimum-intel's argument overrides, as the gemma4 fix's
-    patcher does (`architectures/gemma4.py`); legacy tuples still take optimum-intel's path. Other patchers are
-    left as they are.
-    """
-    from optimum.exporters.openvino.model_patcher import Gemma2ModelPatcher
-
-    if not isinstance(patcher, Gemma2ModelPatcher):
-        return
-    import functools
-    import inspect
-
-    from optimum.exporters.openvino.patching_utils import override_arguments
-    from transformers.cache_utils import Cache
-
-    legacy_forward, model_forward = patcher.patched_forward, patcher.orig_forward
-    signature = inspect.signature(model_forward)
-
-    @functools.wraps(model_forward)
-    def patched_forward(*args, **kwargs):
-        if isinstance(signature.bind_partial(*args, **kwargs).arguments.get("past_key_values"), Cache):
-            args, kwargs = override_arguments(args, kwargs, signature, model_kwargs=patcher.model_kwargs)
-            return model_forward(*args, **kwargs)
-        return legacy_forward(*args, **kwargs)
-
-    patcher.patched_forward = patched_forward
 
 
 @contextlib.contextmanager
@@ -502,41 +455,6 @@ def _slice_logits_to_last_attended(model) -> None:
     slice_logits(model, index, name="shared_graph/last_attended_slot")
 
 
-@contextlib.contextmanager
-def without_dynamic_graph() -> Iterator[None]:
-    """While active, optimum-intel's export writes everything but its dynamic decoder graph.
-
-    A static export replaces that graph with its own (`write_static_graph`), so tracing and
-    converting it would be wasted work (about a third of a static export's time). optimum-intel still
-    loads the model, checks its transformers version limits, saves the configs, converts the
-    tokenizer, and saves, through its own `_save_model`, a one-input placeholder graph carrying the
-    rt_info it writes into every IR (its version, the export config's runtime options), which
-    `write_static_graph` copies onto the static graph before replacing the placeholder.
-    """
-    import inspect
-
-    import openvino as ov
-    import optimum.exporters.openvino.convert as ov_convert
-
-    original = ov_convert.export_pytorch
-    signature = inspect.signature(original)
-
-    def export_pytorch(*args, **kwargs):
-        arguments = signature.bind(*args, **kwargs).arguments
-        config = arguments["config"]
-        ids = ov.opset13.parameter([-1, -1], ov.Type.i64, name="input_ids")
-        placeholder = ov.Model([ov.opset13.result(ids)], [ids], "static-export-placeholder")
-        ov_convert._save_model(placeholder, arguments["output"], ov_config=None,
-                               library_name=arguments.get("library_name") or "transformers", config=config)
-        return list(config.inputs), list(config.outputs), False
-
-    ov_convert.export_pytorch = export_pytorch
-    try:
-        yield
-    finally:
-        ov_convert.export_pytorch = original
-
-
 def trace_static_graph(pt_model, raw: Path, shapes: StaticShapes, opts: ExportOptions, *, capture, plan,
                        weight_format: str | None = None):
     """Trace the static graph of the model optimum-intel loaded into `raw`, the directory optimum-intel is
@@ -544,7 +462,7 @@ def trace_static_graph(pt_model, raw: Path, shapes: StaticShapes, opts: ExportOp
 
     Runs on the one loaded model, right after optimum-intel converted it (or, without calibration, wrote
     only its configs and a placeholder graph carrying the rt_info it writes into every IR, see
-    `without_dynamic_graph`). That rt_info is copied onto the static graph, which is written as
+    `host.dynamic_graph_skipped`). That rt_info is copied onto the static graph, which is written as
     `openvino_static_model.xml` (not optimum-intel's `openvino_model.xml`), so runtimes that cannot run a
     static graph (OVModelForCausalLM, OpenVINO GenAI) do not pick it up. With a data-aware quantization
     the graph is traced stateless (every calibration call carries its KV buffers); `finish_static_graph`

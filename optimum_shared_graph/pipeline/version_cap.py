@@ -13,9 +13,8 @@ import contextlib
 from dataclasses import dataclass
 from typing import Iterator
 
+from .. import host
 from ..errors import ModelNotSupportedError
-
-_UNSET = object()
 
 
 def export_config_class(model_type: str, task: str):
@@ -95,12 +94,5 @@ def lifted_cap(
             f"(not with --skip-validation, nor for a fallback export); install transformers<={cap} to export it"
             + (f" (this export fell back because {fallback_reason})" if fallback_reason else "")
         )
-    saved = cls.__dict__.get("MAX_TRANSFORMERS_VERSION", _UNSET)
-    cls.MAX_TRANSFORMERS_VERSION = None
-    try:
+    with host.transformers_cap_lifted(cls):
         yield LiftedCap(model_type, cls.__name__, cap, installed)
-    finally:
-        if saved is _UNSET:
-            del cls.MAX_TRANSFORMERS_VERSION
-        else:
-            cls.MAX_TRANSFORMERS_VERSION = saved

@@ -28,13 +28,13 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import inspect
 import os
 from pathlib import Path
 from typing import Any, Iterator
 
 import numpy as np
 
+from .. import host
 from ..errors import InvalidOptionsError, SharedGraphError
 from ..progress import bar
 from ..runtimes.session import position_ids_from_mask
@@ -301,24 +301,17 @@ def quantization_config_of(run_command) -> Any:
     converted or written, and the config is exactly the one the export would use (optimum-intel's
     own flag handling, model defaults included). None when the flags ask for no quantization.
     """
-    import optimum.exporters.openvino.__main__ as ov_main
-
-    original = ov_main.main_export
-    signature = inspect.signature(original)
     built: dict[str, Any] = {}
 
-    def main_export(*args, **kwargs):
-        ov_config = signature.bind(*args, **kwargs).arguments.get("ov_config")
-        built["config"] = getattr(ov_config, "quantization_config", None)
+    def main_export(bound, proceed):
+        built["config"] = getattr(bound.arguments.get("ov_config"), "quantization_config", None)
         raise _ConfigBuilt
 
-    ov_main.main_export = main_export
-    try:
-        run_command()
-    except _ConfigBuilt:
-        pass
-    finally:
-        ov_main.main_export = original
+    with host.main_export_wrapped(main_export):
+        try:
+            run_command()
+        except _ConfigBuilt:
+            pass
     return built.get("config")
 
 
@@ -328,7 +321,8 @@ def both_stage_quantization(decode_steps: int, report: CalibrationReport, *, sta
 
     Wraps `optimum.exporters.openvino.__main__.main_export` (a data-aware config exports the graph
     stateless, remembering whether a stateful one was asked for) and `_main_quantize` (which then
-    runs `quantize_both_stages`). Anything else goes to optimum-intel unchanged.
+    runs `quantize_both_stages`), with host/'s `main_export_wrapped` and `main_quantize_wrapped`. Anything
+    else goes to optimum-intel unchanged.
 
     Args:
         decode_steps: decode calls gathered after each prefill.
@@ -336,24 +330,16 @@ def both_stage_quantization(decode_steps: int, report: CalibrationReport, *, sta
         static: a static export's `StaticQuantization` plan: its config is kept for the static graph,
             which is calibrated on its own calls, instead of quantizing optimum-intel's dynamic graph.
     """
-    import optimum.exporters.openvino.__main__ as ov_main
-
-    original_export, original_quantize = ov_main.main_export, ov_main._main_quantize
-    export_signature = inspect.signature(original_export)
-    quantize_signature = inspect.signature(original_quantize)
     requested: dict[str, bool] = {}
 
-    def main_export(*args, **kwargs):
-        bound = export_signature.bind(*args, **kwargs)
+    def main_export(bound, proceed):
         ov_config = bound.arguments.get("ov_config")
         if ov_config is not None and is_data_aware(getattr(ov_config, "quantization_config", None)):
             requested["stateful"] = bound.arguments.get("stateful", True)
             bound.arguments["stateful"] = False
-        return original_export(*bound.args, **bound.kwargs)
+        return proceed()
 
-    def _main_quantize(*args, **kwargs):
-        bound = quantize_signature.bind(*args, **kwargs)
-        bound.apply_defaults()
+    def _main_quantize(bound, proceed):
         arguments = bound.arguments
         data_aware = is_data_aware(arguments["quantization_config"])
         if static is not None:  # optimum-intel's dynamic graph is replaced: the static one is quantized instead
@@ -365,7 +351,7 @@ def both_stage_quantization(decode_steps: int, report: CalibrationReport, *, sta
             static.cache_dir, static.model_kwargs = arguments["cache_dir"], arguments["model_kwargs"]
             return None
         if "stateful" not in requested or not data_aware:
-            return original_quantize(*bound.args, **bound.kwargs)
+            return proceed()
         quantize_both_stages(
             arguments["model_name_or_path"], arguments["output"], arguments["quantization_config"],
             decode_steps=decode_steps, stateful=requested["stateful"], report=report,
@@ -373,10 +359,7 @@ def both_stage_quantization(decode_steps: int, report: CalibrationReport, *, sta
             model_kwargs=arguments["model_kwargs"],
         )
 
-    ov_main.main_export, ov_main._main_quantize = main_export, _main_quantize
-    try:
+    with host.main_export_wrapped(main_export), host.main_quantize_wrapped(_main_quantize):
         yield report
-    finally:
-        ov_main.main_export, ov_main._main_quantize = original_export, original_quantize
 
 

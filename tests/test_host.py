@@ -1,0 +1,189 @@
+"""host/: every patch of a library the package does not own, checked against the installed libraries.
+
+Each row of `host.PATCHES` names its target, the target's parameters the patch relies on, and the library
+functions that must look the target up when they run. An optimum-intel, Optimum or transformers upgrade that
+moves, renames or re-signs a target, or binds it at import time where it was looked up at call time, fails
+here, in one place, instead of deep inside an export.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import importlib
+import inspect
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from optimum_shared_graph import host
+
+ROWS = [pytest.param(row, id=f"{row.patch}:{row.target.rpartition(':')[2]}") for row in host.PATCHES]
+
+
+def _resolve(spec: str):
+    """The object `module:dotted.path` names (an AttributeError names what is missing)."""
+    module_name, _, path = spec.partition(":")
+    obj = importlib.import_module(module_name)
+    for part in path.split(".") if path else ():
+        obj = getattr(obj, part)
+    return obj
+
+
+def _looks_up_at_call_time(caller_spec: str, row: host.Patch) -> bool:
+    """Whether the function `caller_spec` reads the name `row` replaces when it runs: for a module attribute,
+    an import of it inside the function's body or (in the target's own module) a global lookup; for an
+    attribute of a class or object, an attribute access or a `getattr` with the name."""
+    caller = inspect.unwrap(_resolve(caller_spec))
+    tree = ast.parse(textwrap.dedent(inspect.getsource(caller)))
+    target_module, _, path = row.target.partition(":")
+    of_module = row.attribute is None and "." not in path
+    caller_module = caller.__module__
+    for node in ast.walk(tree):
+        if of_module:
+            if isinstance(node, ast.ImportFrom) and any(alias.name == row.name for alias in node.names):
+                base = caller_module.split(".")[: -node.level] if node.level else []
+                if ".".join(base + ([node.module] if node.module else [])) == target_module:
+                    return True
+            if isinstance(node, ast.Name) and node.id == row.name and caller_module == target_module:
+                return True
+        elif (isinstance(node, ast.Attribute) and node.attr == row.name) or \
+                (isinstance(node, ast.Constant) and node.value == row.name):
+            return True
+    return False
+
+
+def test_the_table_names_every_patch_of_host():
+    patches = {row.patch for row in host.PATCHES}
+    public = {name for name in host.__all__ if name not in {"PATCHES", "Patch", "openvino_entries"}}
+    assert patches == public, f"in the table only: {patches - public}; in host/ only: {public - patches}"
+    for row in host.PATCHES:
+        assert callable(getattr(host, row.patch)), row.patch
+        assert row.why and row.used_by and row.lasts in ("while active", "the process"), row
+
+
+@pytest.mark.parametrize("row", ROWS)
+def test_target_exists_with_the_parameters_the_patch_relies_on(row):
+    target = _resolve(row.target)
+    if row.parameters:
+        parameters = inspect.signature(target).parameters
+        missing = [p for p in row.parameters if p not in parameters]
+        assert not missing, f"{row.target} has no parameter {missing} (it has {list(parameters)})"
+
+
+@pytest.mark.parametrize("row", [r for r in ROWS if r.values[0].reached_by])
+def test_the_library_looks_the_target_up_when_it_runs(row):
+    for caller in row.reached_by:
+        assert _looks_up_at_call_time(caller, row), (
+            f"{caller} no longer reads {row.name} when it runs: host.{row.patch} would not reach it")
+
+
+def test_the_model_loader_is_a_staticmethod():
+    """`model_loads_wrapped` calls the original's `__func__` and puts a staticmethod back."""
+    from optimum.exporters.tasks import TasksManager
+
+    assert isinstance(TasksManager.__dict__["get_model_from_task"], staticmethod)
+
+
+def test_the_command_gives_the_arguments_the_cli_reads():
+    """`cli.run` and `cli.options_from_args` read these from optimum-intel's parsed `export openvino` flags."""
+    from optimum.commands.export.openvino import OVExportCommand
+
+    parse_args = getattr(OVExportCommand, "_shared_graph_original", (OVExportCommand.parse_args,))[0]
+    parser = argparse.ArgumentParser()
+    parse_args(parser)
+    args = parser.parse_args(["-m", "some-model", "out"])
+    for name in ("model", "output", "task", "dataset", "weight_format", "quant_mode", "disable_stateful",
+                 "trust_remote_code", "disable_convert_tokenizer"):
+        assert hasattr(args, name), name
+
+
+def test_the_registries_have_the_functions_the_static_trace_wraps():
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    assert {"sdpa", "eager"} <= set(ALL_MASK_ATTENTION_FUNCTIONS.keys())
+    assert "sdpa" in ALL_ATTENTION_FUNCTIONS
+
+
+def test_the_gemma2_patcher_keeps_the_attributes_cache_passed_through_reads():
+    """`cache_passed_through` replaces `patched_forward` and calls `orig_forward` with `model_kwargs`'s
+    overrides: attributes optimum-intel's patchers set in `__init__`."""
+    from optimum.exporters.openvino.model_patcher import Gemma2ModelPatcher
+
+    assigned = set()
+    for cls in Gemma2ModelPatcher.__mro__:
+        init = cls.__dict__.get("__init__")
+        if init is None or not hasattr(init, "__code__"):
+            continue
+        for node in ast.walk(ast.parse(textwrap.dedent(inspect.getsource(init)))):
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "self" \
+                    and isinstance(node.ctx, ast.Store):
+                assigned.add(node.attr)
+    assert {"patched_forward", "orig_forward", "model_kwargs"} <= assigned, assigned
+
+
+def _state():
+    """What the patches active for a while replace, as it is now (identities)."""
+    import optimum.exporters.openvino.__main__ as ov_main
+    import optimum.exporters.openvino.convert as ov_convert
+    from optimum.exporters.tasks import TasksManager
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    return {
+        "export_from_model": ov_convert.export_from_model, "_save_model": ov_convert._save_model,
+        "export_pytorch": ov_convert.export_pytorch, "main_export": ov_main.main_export,
+        "_main_quantize": ov_main._main_quantize,
+        "get_model_from_task": TasksManager.__dict__["get_model_from_task"],
+        "masks": {k: ALL_MASK_ATTENTION_FUNCTIONS[k] for k in ("sdpa", "eager")},
+        "attention": ALL_ATTENTION_FUNCTIONS["sdpa"],
+    }
+
+
+def test_each_patch_is_active_inside_and_undone_on_exit_also_after_an_error():
+    from optimum.exporters.openvino.base import OpenVINOConfig
+    from transformers import LlamaForCausalLM
+
+    before = _state()
+    capped = type("Capped", (OpenVINOConfig,), {"MAX_TRANSFORMERS_VERSION": "4.0.0"})
+    uncapped = type("Uncapped", (capped,), {})  # inherits the cap
+    ignored = LlamaForCausalLM.__dict__.get("_keys_to_ignore_on_load_unexpected", "absent")
+    patches = {
+        "export_from_model": lambda: host.models_handed_over(lambda *a: None),
+        "_save_model": lambda: host.graphs_before_save(lambda *a: None),
+        "export_pytorch": host.dynamic_graph_skipped,
+        "main_export": lambda: host.main_export_wrapped(lambda bound, proceed: proceed()),
+        "_main_quantize": lambda: host.main_quantize_wrapped(lambda bound, proceed: proceed()),
+        "get_model_from_task": lambda: host.model_loads_wrapped(lambda err: err),
+        "masks": lambda: host.mask_functions_wrapped(("sdpa", "eager"), lambda f: (lambda *a, **k: f(*a, **k))),
+        "attention": lambda: host.attention_functions_wrapped(("sdpa",), lambda f: (lambda *a, **k: f(*a, **k))),
+    }
+    for key, patch in patches.items():
+        with patch():
+            assert _state()[key] != before[key], f"{key} is not replaced inside"
+        assert _state() == before, f"{key} is not restored"
+        with pytest.raises(RuntimeError, match="inside"):
+            with patch():
+                raise RuntimeError("inside")
+        assert _state() == before, f"{key} is not restored after an error"
+
+    for cls in (capped, uncapped):
+        with host.transformers_cap_lifted(cls):
+            assert cls.MAX_TRANSFORMERS_VERSION is None
+        assert cls.MAX_TRANSFORMERS_VERSION == "4.0.0"
+    assert "MAX_TRANSFORMERS_VERSION" not in vars(uncapped)  # inherited again, not copied
+
+    with host.unexpected_keys_ignored(LlamaForCausalLM, [r"^model\.vision_tower(\.|$)"]):
+        assert r"^model\.vision_tower(\.|$)" in LlamaForCausalLM._keys_to_ignore_on_load_unexpected
+    assert LlamaForCausalLM.__dict__.get("_keys_to_ignore_on_load_unexpected", "absent") == ignored
+
+
+def test_importing_host_imports_no_library():
+    """The optimum-cli hook imports `cli`, which imports host/: `optimum-cli --help` must not pay for it."""
+    code = ("import sys, optimum_shared_graph.host; "
+            "print(sorted(m for m in ('optimum', 'transformers', 'torch', 'openvino') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"

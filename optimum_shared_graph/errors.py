@@ -6,6 +6,8 @@ Every message is one line that says what is wrong and how to fix it. The tree::
     ├── InvalidOptionsError        bad flags or option values, caught before any export work
     ├── ModelNotSupportedError     missing path, not a causal LM, unknown model type, remote code
     ├── DecompositionError         generate() could not be split into prefill and decode calls
+    │   ├── GenerateFailedError    generate() itself raised during the capture
+    │   └── SeparatePrefillError   the prefill takes inputs no decode step takes: one graph cannot serve both
     ├── ExportValidationError      the exported graph does not reproduce the PyTorch model
     ├── ArtifactWriteError         the artifact cannot be written (disk full, read-only, no permission)
     ├── NotEnoughMemoryError       validation cannot fit even one part of the graph in the memory available
@@ -49,6 +51,15 @@ class DecompositionError(SharedGraphError):
         self.architecture = architecture
         self.expected = expected
         self.captured = captured
+
+
+class GenerateFailedError(DecompositionError):
+    """`generate()` raised while its calls were recorded: no retry on an inner model can help."""
+
+
+class SeparatePrefillError(DecompositionError):
+    """The captured prefill takes inputs that no decode step takes (pixel values, ...): one graph cannot serve
+    both stages, and a fallback to optimum-intel's partitioning would not be the shared graph asked for."""
 
 
 class ExportValidationError(SharedGraphError):

@@ -13,7 +13,7 @@ import json
 import os
 import sys
 
-from .errors import SharedGraphError
+from .errors import InvalidOptionsError, SharedGraphError
 
 CONSUMERS = ("openvino", "optimum", "runtime", "genai", "continuous-batching")
 
@@ -40,7 +40,7 @@ def parse_properties(items: list[str]) -> dict:
     for item in items:
         key, sep, value = item.partition("=")
         if not sep or not key:
-            raise SharedGraphError(f"--property {item!r} is not KEY=VALUE: write it as -p INFERENCE_PRECISION_HINT=f32")
+            raise InvalidOptionsError(f"--property {item!r} is not KEY=VALUE: write it as -p INFERENCE_PRECISION_HINT=f32")
         properties[key] = int(value) if value.lstrip("-").isdigit() else value
     return properties
 

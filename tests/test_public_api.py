@@ -28,3 +28,31 @@ def test_import_is_light():
     code = "import sys, optimum_shared_graph; print('torch' in sys.modules, 'openvino' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["False", "False"]
+
+
+def test_every_raise_names_a_subclass_of_the_root():
+    """An error's class says what went wrong (callers and the pipeline tell errors apart by class, never by their
+    message): no raise of the bare `SharedGraphError`."""
+    import ast
+    from pathlib import Path
+
+    package = Path(optimum_shared_graph.__file__).parent
+    bare = []
+    for path in sorted(package.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Raise) and isinstance(node.exc, ast.Call):
+                name = node.exc.func.id if isinstance(node.exc.func, ast.Name) else getattr(node.exc.func, "attr", "")
+                if name == "SharedGraphError":
+                    bare.append(f"{path.relative_to(package)}:{node.lineno}")
+    assert bare == []
+
+
+def test_decomposition_errors_are_told_apart_by_class():
+    from optimum_shared_graph.errors import DecompositionError, GenerateFailedError, SeparatePrefillError
+
+    assert issubclass(GenerateFailedError, DecompositionError) and issubclass(SeparatePrefillError, DecompositionError)
+    import inspect
+
+    from optimum_shared_graph.pipeline import decompose
+
+    assert '" in str(' not in inspect.getsource(decompose)  # no error recognised by its message text

@@ -22,7 +22,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ..errors import DecompositionError
+from ..errors import DecompositionError, GenerateFailedError, SeparatePrefillError
 from ..options import ExportOptions
 from ..progress import bar
 from ..registration import supported_model_types
@@ -167,7 +167,7 @@ def capture_generation(
         with torch.no_grad():
             out = model.generate(input_ids=input_ids, attention_mask=attention_mask, generation_config=config)
     except Exception as err:
-        raise DecompositionError(
+        raise GenerateFailedError(
             f"generate() failed on {architecture} during decomposition ({type(err).__name__}: "
             f"{str(err).splitlines()[0] if str(err) else ''}); check that the model runs generate() in transformers",
             architecture=architecture, expected=max_new_tokens, captured=len(calls),
@@ -246,7 +246,7 @@ def decompose(
     try:
         return capture_generation(model, input_ids, attention_mask, max_new_tokens)
     except DecompositionError as err:
-        if err.captured >= err.expected or "generate() failed" in str(err):
+        if err.captured >= err.expected or isinstance(err, GenerateFailedError):
             raise
         top = err
     tried = []
@@ -261,7 +261,7 @@ def decompose(
         try:
             return capture_generation(model, input_ids, attention_mask, max_new_tokens, target=inner, module=path)
         except DecompositionError as inner_err:
-            if "generate() failed" in str(inner_err):
+            if isinstance(inner_err, GenerateFailedError):
                 raise
             tried.append(f"{path} ({type(inner).__name__}) got {inner_err.captured} calls")
     retry = f"no inner model could be used instead ({'; '.join(tried)})" if tried else "it has no inner causal LM to retry on"
@@ -305,7 +305,7 @@ def check_one_graph_serves_both(capture: Capture) -> None:
     for call in capture.decode:
         prefill_only -= set(call.extra_inputs)
     if prefill_only:
-        raise DecompositionError(
+        raise SeparatePrefillError(
             f"{capture.architecture} needs a separate prefill graph: its prefill takes "
             f"{', '.join(sorted(prefill_only))}, which decode steps never take; one shared graph cannot serve both "
             "(export with --task text-generation-with-past or image-text-to-text instead)",
@@ -356,7 +356,7 @@ def decompose_model(pt_model, model: str, opts: ExportOptions, config=None) -> t
             pt_model, lambda: decompose(pt_model, ids, mask, opts.validation_new_tokens, exportable=exportable))
         check_one_graph_serves_both(capture)
     except DecompositionError as err:
-        if "needs a separate prefill graph" in str(err):
+        if isinstance(err, SeparatePrefillError):
             raise
         return None, str(err)
     return capture, None

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from ..errors import ModelNotSupportedError, SharedGraphError
+from ..errors import InvalidOptionsError, ModelNotSupportedError
 from ..manifest import MANIFEST_NAME
 from ..options import ExportOptions
 from ..registration import supported_model_types
@@ -19,9 +19,9 @@ from . import fallback, multimodal
 
 def check_output(output: Path) -> None:
     if output.exists() and not output.is_dir():
-        raise SharedGraphError(f"output {output} exists and is not a directory: choose a directory path")
+        raise InvalidOptionsError(f"output {output} exists and is not a directory: choose a directory path")
     if output.is_dir() and any(output.iterdir()) and not (output / MANIFEST_NAME).is_file():
-        raise SharedGraphError(
+        raise InvalidOptionsError(
             f"output directory {output} is not empty and holds no {MANIFEST_NAME}: choose a new or empty directory"
         )
 

@@ -9,7 +9,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from ..errors import SharedGraphError
+from ..errors import ModelNotSupportedError
 from ..graph.logits import is_sliced, slice_logits
 from ..graph.static import shapes_of
 from ..manifest import GRAPH_XML, RT_INFO_KEY, STATIC_GRAPH_XML, Manifest, build_manifest, digest_graph_files
@@ -39,7 +39,7 @@ def finish(raw: Path, final: Path, config, capture, reason, opts, model, quantiz
     graph_xml = STATIC_GRAPH_XML if opts.is_static else GRAPH_XML
     graphs = sorted(p.name for p in raw.glob("openvino_*model*.xml") if "tokenizer" not in p.name)
     if graphs != [graph_xml]:
-        raise SharedGraphError(
+        raise ModelNotSupportedError(
             f"optimum-intel wrote {len(graphs)} graphs ({', '.join(graphs)}) for {config.model_type}, not one "
             "decoder graph: use --fallback auto for this model"
         )
@@ -194,7 +194,7 @@ def finish_fallback(raw: Path, final: Path, config: Any, reason: str, opts: Any,
     graphs = _model_graphs(raw)
     decoder = GRAPH_XML if GRAPH_XML in graphs else next((g for g in graphs if "language_model" in g), None)
     if decoder is None:
-        raise SharedGraphError(
+        raise ModelNotSupportedError(
             f"optimum-intel's {task} export of {config.model_type} wrote no decoder graph "
             f"({', '.join(graphs) or 'no graphs'}): export it with --task {task} directly"
         )

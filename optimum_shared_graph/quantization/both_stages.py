@@ -35,7 +35,7 @@ from typing import Any, Iterator
 import numpy as np
 
 from .. import host
-from ..errors import InvalidOptionsError, SharedGraphError
+from ..errors import InvalidOptionsError, ModelNotSupportedError
 from ..progress import bar
 from ..runtimes.session import position_ids_from_mask
 from .calibration import (
@@ -81,7 +81,7 @@ class BothStageSamples:
         self._past_names = sorted(n for n in names if n.startswith("past_key_values"))
         if not self._past_names:
             states = sorted(n for n in names if n not in _STEP_INPUTS)
-            raise SharedGraphError(
+            raise ModelNotSupportedError(
                 "calibration on both stages feeds a KV cache (past_key_values inputs), and this graph's state is "
                 f"{', '.join(states[:2])}{', ...' if len(states) > 2 else ''} (convolution or SSM state, or no "
                 "cache): quantize without a data-aware mode for this model (--weight-format without --dataset or "
@@ -89,7 +89,7 @@ class BothStageSamples:
             )
         unknown = names - _STEP_INPUTS - set(self._past_names)
         if unknown:
-            raise SharedGraphError(
+            raise ModelNotSupportedError(
                 f"calibration on both stages cannot feed graph inputs {sorted(unknown)}: quantize without a "
                 "data-aware mode for this model"
             )
@@ -198,7 +198,7 @@ class BothStageSamples:
         mask = _as_numpy(prompt.get("attention_mask"))
         mask = np.ones_like(ids) if mask is None else mask
         if ids.shape[0] != 1:
-            raise SharedGraphError(f"calibration prompts must have batch 1, got {ids.shape[0]}")
+            raise InvalidOptionsError(f"calibration prompts must have batch 1, got {ids.shape[0]}")
         input_ids, full_mask, past = ids, mask, self._empty_past()
         pasts, tokens = [], []
         for step in range(self.decode_steps + 1):
@@ -277,7 +277,7 @@ def quantize_both_stages(
     output = Path(output)
     model = load_stateless(output, trust_remote_code=trust_remote_code, cache_dir=cache_dir, model_kwargs=model_kwargs)
     if model.stateful:
-        raise SharedGraphError("calibration on both stages expected optimum-intel's stateless export")
+        raise ModelNotSupportedError("calibration on both stages expected optimum-intel's stateless export")
     config = _prepared_config(model, quantization_config, model_name_or_path)
     samples = BothStageSamples(model.model, prompt_inputs(model, config, trust_remote_code), decode_steps)
     report.record(samples, decode_steps)

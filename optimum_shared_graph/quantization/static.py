@@ -16,7 +16,7 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from ..errors import InvalidOptionsError, SharedGraphError
+from ..errors import InvalidOptionsError, ModelNotSupportedError
 from ..progress import bar
 from ..runtimes.static_session import StaticSession, layer_order
 from .calibration import (
@@ -163,7 +163,7 @@ class StaticCalibrationSamples:
         self._past_names = sorted((p.get_any_name() for p in ov_model.inputs
                                    if p.get_any_name().startswith("past_key_values")), key=layer_order)
         if not self._past_names:
-            raise SharedGraphError("static calibration needs the stateless static graph (past_key_values inputs)")
+            raise ModelNotSupportedError("static calibration needs the stateless static graph (past_key_values inputs)")
         self._past_specs = {p.get_any_name(): (tuple(p.get_shape()), p.get_element_type().to_dtype())
                             for p in ov_model.inputs if p.get_any_name() in self._past_names}
         compiled = ov.Core().compile_model(ov_model, "CPU", COMPILE_CONFIG)
@@ -182,7 +182,7 @@ class StaticCalibrationSamples:
             mask = _as_numpy(prompt.get("attention_mask"))
             mask = np.ones_like(ids) if mask is None else mask
             if ids.shape[0] != 1:
-                raise SharedGraphError(f"calibration prompts must have batch 1, got {ids.shape[0]}")
+                raise InvalidOptionsError(f"calibration prompts must have batch 1, got {ids.shape[0]}")
             if ids.shape[1] == 0:
                 continue
             if ids.shape[1] > keep:

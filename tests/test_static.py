@@ -105,8 +105,8 @@ def test_static_parity_across_architectures(model_type, tiny_model, tmp_path):
 
 
 
-# The static forms of modules whose optimum-intel form does not fit a static graph (pipeline/static.py
-# `_static_forms`): optimum-intel's SDPA `_attn` of codegen, gptj and gpt_neo drops the attention mask for a batch of
+# The static forms of modules whose optimum-intel form does not fit a static graph
+# (architectures/_static_forms.py): optimum-intel's SDPA `_attn` of codegen, gptj and gpt_neo drops the attention mask for a batch of
 # 1 (right over a dynamic cache, wrong over a static one, whose keys include slots not yet written), GPT-Neo's own
 # `_attn` takes its causal / local-window rows as the last keys (gpt_neo with a window of 8, shorter than the
 # prompts + new tokens), and optimum-intel's granitemoe experts split the tokens by data-dependent sizes

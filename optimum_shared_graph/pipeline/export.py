@@ -80,7 +80,7 @@ def run_export(
             config = language.config
         static, static_plan = None, None
         if opts.is_static:
-            from .static import resolve_static_shapes
+            from .static_shapes import resolve_static_shapes
 
             static = resolve_static_shapes(config, opts)
             cli_config = quantization_config() if quantization_config is not None else None

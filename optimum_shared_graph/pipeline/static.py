@@ -25,56 +25,20 @@ from __future__ import annotations
 
 import contextlib
 import os
-import types
 from pathlib import Path
 from typing import Iterator
 
 import numpy as np
 
 from .. import host
-from ..errors import InvalidOptionsError, ModelNotSupportedError
+from ..errors import ModelNotSupportedError
 from ..graph.logits import slice_logits
 from ..graph.precision import keep_vectors_exact
 from ..graph.static import StaticShapes, make_static_stateful
 from ..manifest import GRAPH_BIN, GRAPH_XML, STATIC_GRAPH_XML
-from ..options import DEFAULT_MAX_CACHE_CAP, ExportOptions
+from ..options import ExportOptions
+from ..architectures._static_forms import static_forms
 from .decompose import capture_generation, with_float32_reference
-
-_MAX_POSITION_ATTRS = ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length", "n_ctx")
-
-
-def max_positions(config) -> int | None:
-    """The model's maximum number of positions, from whichever attribute its config uses."""
-    text_config = getattr(config, "text_config", None) or config
-    for attr in _MAX_POSITION_ATTRS:
-        value = getattr(text_config, attr, None)
-        if isinstance(value, int) and value > 0:
-            return value
-    return None
-
-
-def resolve_static_shapes(config, opts: ExportOptions) -> StaticShapes:
-    """Check the static options against the model's config and fill in the default capacity.
-
-    Raises:
-        InvalidOptionsError: capacity above the model's max positions, or C above the capacity.
-    """
-    limit = max_positions(config)
-    capacity = opts.max_cache_len
-    if capacity is None:
-        capacity = min(limit, DEFAULT_MAX_CACHE_CAP) if limit else DEFAULT_MAX_CACHE_CAP
-    elif limit is not None and capacity > limit:
-        raise InvalidOptionsError(
-            f"--max-cache-len {capacity} exceeds the model's maximum of {limit} positions: "
-            f"use --max-cache-len {limit} or less"
-        )
-    if opts.static_query_len > capacity:
-        raise InvalidOptionsError(
-            f"--static-query-len ({opts.static_query_len}) cannot exceed the KV capacity ({capacity}): "
-            "lower the query length or raise --max-cache-len"
-        )
-    return StaticShapes(batch_size=opts.static_batch_size, query_len=opts.static_query_len, cache_len=capacity)
-
 
 # --------------------------------------------------------------------------------------------- export
 
@@ -113,7 +77,7 @@ def export_static_graph(pt_model, shapes: StaticShapes, *, logits: str, stateful
         ) from err
     export_config = constructor(pt_model.config, int_dtype="int64", float_dtype="fp32")
     patcher = export_config.patch_model_for_export(pt_model, model_kwargs=None)
-    query_slots: dict = {}  # the call's cache_position, for attention that needs the query slots (`_static_forms`)
+    query_slots: dict = {}  # the call's cache_position, for attention that needs the query slots (`architectures/_static_forms.py`)
     wrapper = _StaticDecoder(pt_model, len(kv_shapes), takes_positions, query_slots)
 
     example = {
@@ -133,8 +97,8 @@ def export_static_graph(pt_model, shapes: StaticShapes, *, logits: str, stateful
     # transformers' masks and attention, and optimum-intel's Gemma 2 patcher given a Cache, for this trace (host/)
     masks = host.mask_functions_wrapped(("sdpa", "eager"), _with_int_query_length)
     attention = host.attention_functions_wrapped(("sdpa",), _grouped_sdpa)
-    static_forms = _static_forms(pt_model, query_slots)
-    with torch.no_grad(), host.cache_passed_through(patcher), patcher, masks, attention, static_forms, \
+    forms = static_forms(pt_model, query_slots)
+    with torch.no_grad(), host.cache_passed_through(patcher), patcher, masks, attention, forms, \
             _traceable_16bit(pt_model):
         decoder = TorchScriptPythonDecoder(wrapper, example_input=args, trace_kwargs={"check_trace": False})
         ov_model = ov.convert_model(decoder, example_input=args, input=[(tuple(a.shape), _ov_type(a)) for a in args])
@@ -207,114 +171,6 @@ def _grouped_sdpa(inner):
         return out, None
 
     return attention
-
-
-@contextlib.contextmanager
-def _static_forms(pt_model, query_slots: dict) -> Iterator[None]:
-    """Inside the static trace: the modules whose optimum-intel form does not fit a static graph get one that does
-    (`_STATIC_FORMS`: a method of the module replaced, on the instance, and restored on exit).
-
-    Attention over the whole static cache. optimum-intel's patchers give the CodeGen, GPT-J and GPT-Neo attentions
-    an SDPA `_attn` (`codegen_wrapped_scaled_dot_product`, `_gptj_attn`, `_gpt_neo_attn_sdpa`) that, for a batch of
-    1, drops the attention mask: `is_causal=True` for several queries, no mask at all for one. That is right for a
-    dynamic cache, whose keys are exactly the tokens so far; a static cache's keys are every slot of the capacity,
-    most of them not yet written, so the static graph attended to empty slots (greedy token 0 differed from
-    PyTorch's with a 0.08 margin). GPT-J's falls back to transformers' `_attn` with a `head_mask` argument the 5.x
-    `_attn` no longer takes (the trace failed). Here CodeGen and GPT-J run transformers' own `_attn` (the additive
-    mask over every key), and GPT-Neo a copy of its own whose causal and local-window mask is computed from the
-    query slots (`cache_position`, written into `query_slots` by the wrapper) instead of assuming the queries are
-    the last keys, which slicing its `bias` buffer by `key_length - query_length` does.
-
-    Experts without data-dependent shapes. optimum-intel's GraniteMoE patcher splits the tokens among the experts
-    by how many each one got (`inputs[start:start + expert_size[i]]`), shapes only known at run time, so the
-    static graph kept dynamic shapes; here every expert runs on every token, weighted by the dense routing gates
-    (zero for the experts a token was not routed to).
-    """
-    replaced = []
-    for module in pt_model.modules():
-        form = _STATIC_FORMS.get(type(module).__name__)
-        if form is not None:
-            name, make = form
-            replaced.append((module, name, module.__dict__.get(name)))
-            setattr(module, name, types.MethodType(make(query_slots), module))
-    try:
-        yield
-    finally:
-        for module, name, before in replaced:
-            if before is None:
-                module.__dict__.pop(name, None)
-            else:
-                setattr(module, name, before)
-
-
-def _additive(attention_mask, dtype):
-    """A transformers attention mask as an additive float mask (0 where attended, the dtype's minimum elsewhere)."""
-    import torch
-
-    if attention_mask is None:
-        raise ModelNotSupportedError("the static trace got no attention mask: use --shape-mode dynamic for this model")
-    if attention_mask.dtype == torch.bool:
-        return torch.where(attention_mask, torch.zeros((), dtype=dtype), torch.full((), torch.finfo(dtype).min, dtype=dtype))
-    return attention_mask.to(dtype)
-
-
-def _transformers_attn(query_slots: dict):
-    """The attention class's own `_attn` (CodeGen, GPT-J: scores + the additive mask, in float32)."""
-
-    def _attn(self, query, key, value, attention_mask=None, *args, **kwargs):
-        import torch
-
-        return type(self)._attn(self, query, key, value, _additive(attention_mask, torch.float32))
-
-    return _attn
-
-
-def _gpt_neo_attn(query_slots: dict):
-    """`GPTNeoSelfAttention._attn` with its causal / local-window mask taken at the query slots."""
-
-    def _attn(self, query, key, value, attention_mask=None, *args, **kwargs):
-        import torch
-
-        query, key = query.to(torch.float32), key.to(torch.float32)
-        weights = torch.matmul(query, key.transpose(-1, -2))  # GPT-Neo does not scale its scores
-        distance = query_slots["query"].unsqueeze(1) - _arange_like(key, -2).unsqueeze(0)  # [C, capacity]
-        allowed = distance >= 0
-        if self.attention_type == "local":
-            allowed = allowed & (distance < self.config.window_size)
-        mask_value = torch.full((), torch.finfo(weights.dtype).min, dtype=weights.dtype)
-        weights = torch.where(allowed, weights, mask_value)
-        weights = weights + _additive(attention_mask, weights.dtype)
-        weights = torch.nn.functional.softmax(weights, dim=-1).to(value.dtype)
-        return torch.matmul(weights, value), weights
-
-    return _attn
-
-
-def _granite_moe_dense(query_slots: dict):
-    """`GraniteMoeMoE.forward` with every expert on every token, weighted by the dense top-k gates."""
-
-    def forward(self, layer_input):
-        import torch
-
-        batch, length, width = layer_input.shape
-        tokens = layer_input.reshape(-1, width)
-        router = self.router
-        logits = router.layer(tokens).float()
-        top_k_logits, top_k_indices = logits.topk(router.top_k, dim=1)
-        top_k_gates = torch.softmax(top_k_logits, dim=1).type_as(tokens)
-        gates = torch.zeros(tokens.shape[0], router.num_experts, dtype=tokens.dtype).scatter(1, top_k_indices, top_k_gates)
-        hidden = torch.matmul(tokens.unsqueeze(0), self.input_linear.weight.transpose(1, 2))  # [experts, tokens, 2 x inner]
-        gate, up = hidden.chunk(2, dim=-1)
-        out = torch.matmul(self.activation(gate) * up, self.output_linear.weight.transpose(1, 2))  # [experts, tokens, width]
-        out = (out * gates.transpose(0, 1).unsqueeze(-1)).sum(dim=0)
-        return out.view(batch, length, width)
-
-    return forward
-
-
-# module classes (by name) whose optimum-intel form does not fit a static graph: the method replaced, and its maker
-_STATIC_FORMS = {"CodeGenAttention": ("_attn", _transformers_attn), "GPTJAttention": ("_attn", _transformers_attn),
-                 "GPTNeoSelfAttention": ("_attn", _gpt_neo_attn), "GraniteMoeMoE": ("forward", _granite_moe_dense)}
 
 
 def _with_int_query_length(inner):
@@ -487,37 +343,6 @@ def trace_static_graph(pt_model, raw: Path, shapes: StaticShapes, opts: ExportOp
     return fitting
 
 
-def finish_static_graph(raw: Path, plan, opts: ExportOptions) -> None:
-    """After optimum-intel's export: quantize the static graph as its flags asked, drop optimum-intel's graph.
-
-    A data-aware config (which the `_main_quantize` hook of `both_stage_quantization` kept for this export
-    instead of quantizing optimum-intel's dynamic graph) is calibrated on the calls a static runtime makes,
-    on the stateless static graph, then the graph is made stateful if asked (`quantization.static.
-    quantize_static_graph`). A data-free one compresses the static graph's weights as optimum-intel would.
-    """
-    import openvino as ov
-
-    from ..quantization.static import quantize_static_graph
-
-    xml = raw / STATIC_GRAPH_XML
-    ov_model, save = None, False
-    if plan is not None and plan.config is not None:
-        ov_model = quantize_static_graph(ov.Core().read_model(xml), raw, plan)
-        if opts.stateful:
-            make_static_stateful(ov_model)
-        save = True
-    elif plan is not None and plan.weight_config is not None:
-        ov_model, save = _compress_weights(ov.Core().read_model(xml), plan.weight_config), True
-    (raw / GRAPH_XML).unlink(missing_ok=True)
-    (raw / GRAPH_BIN).unlink(missing_ok=True)
-    if save:  # the quantized graph is saved as NNCF left it, beside the unquantized one, then renamed over it
-        staged = raw / f".quantized-{STATIC_GRAPH_XML}"
-        ov.save_model(ov_model, staged, compress_to_fp16=False)
-        del ov_model
-        os.replace(staged, xml)
-        os.replace(staged.with_suffix(".bin"), xml.with_suffix(".bin"))
-
-
 def _capture_that_fits(pt_model, capture, shapes: StaticShapes, opts: ExportOptions):
     if capture is None or capture.prompt_ids.shape[1] + capture.tokens.shape[1] <= shapes.cache_len:
         return capture
@@ -535,15 +360,21 @@ def _capture_that_fits(pt_model, capture, shapes: StaticShapes, opts: ExportOpti
     return with_float32_reference(pt_model, lambda: capture_generation(pt_model, ids, mask, new_tokens, **kwargs))
 
 
-def _compress_weights(ov_model, config):
-    """Data-free weight compression of the static graph (`--weight-format` without calibration).
+def finish_static_graph(raw: Path, plan, opts: ExportOptions) -> None:
+    """After optimum-intel's export: the static graph quantized as its flags asked (`quantization/static.py`),
+    optimum-intel's dynamic graph dropped. The quantized graph is saved as NNCF left it, beside the unquantized
+    one, then renamed over it."""
+    import openvino as ov
 
-    `config` is the weight-compression config optimum-intel built from the flags (`--weight-format`,
-    `--group-size`, `--ratio`, `--sym`, `--all-layers`, ... or the Python API's `weight_format`), applied
-    by optimum-intel's own `_weight_only_quantization`, as its dynamic export would apply it.
-    """
-    from optimum.intel.openvino.quantization import _weight_only_quantization
+    from ..quantization.static import quantized_static_graph
 
-    return _weight_only_quantization(ov_model, config, verify_not_optimized=False)
-
-
+    xml = raw / STATIC_GRAPH_XML
+    ov_model = quantized_static_graph(xml, raw, plan, stateful=opts.stateful)
+    (raw / GRAPH_XML).unlink(missing_ok=True)
+    (raw / GRAPH_BIN).unlink(missing_ok=True)
+    if ov_model is not None:
+        staged = raw / f".quantized-{STATIC_GRAPH_XML}"
+        ov.save_model(ov_model, staged, compress_to_fp16=False)
+        del ov_model
+        os.replace(staged, xml)
+        os.replace(staged.with_suffix(".bin"), xml.with_suffix(".bin"))

@@ -17,6 +17,7 @@ from typing import Any, Iterator
 import numpy as np
 
 from ..errors import InvalidOptionsError, ModelNotSupportedError
+from ..graph.static import make_static_stateful
 from ..progress import bar
 from ..runtimes.static_session import StaticSession, layer_order
 from .calibration import (
@@ -274,3 +275,35 @@ def quantize_static_graph(ov_model, raw: Path, pending: StaticQuantization):
     del model, samples
     gc.collect()
     return quantized
+
+
+def quantized_static_graph(xml: Path, raw: Path, plan, *, stateful: bool):
+    """The static graph at `xml` quantized as optimum-intel's flags asked, in memory (None: nothing to quantize).
+
+    A data-aware config (which the `_main_quantize` hook of `both_stage_quantization` kept for this export
+    instead of quantizing optimum-intel's dynamic graph) is calibrated on the calls a static runtime makes,
+    on the stateless static graph, then the graph is made stateful if asked (`quantize_static_graph`). A
+    data-free one compresses the static graph's weights as optimum-intel would (`_compress_weights`).
+    """
+    import openvino as ov
+
+    if plan is not None and plan.config is not None:
+        ov_model = quantize_static_graph(ov.Core().read_model(xml), raw, plan)
+        if stateful:
+            make_static_stateful(ov_model)
+        return ov_model
+    if plan is not None and plan.weight_config is not None:
+        return _compress_weights(ov.Core().read_model(xml), plan.weight_config)
+    return None
+
+
+def _compress_weights(ov_model, config):
+    """Data-free weight compression of the static graph (`--weight-format` without calibration).
+
+    `config` is the weight-compression config optimum-intel built from the flags (`--weight-format`,
+    `--group-size`, `--ratio`, `--sym`, `--all-layers`, ... or the Python API's `weight_format`), applied
+    by optimum-intel's own `_weight_only_quantization`, as its dynamic export would apply it.
+    """
+    from optimum.intel.openvino.quantization import _weight_only_quantization
+
+    return _weight_only_quantization(ov_model, config, verify_not_optimized=False)

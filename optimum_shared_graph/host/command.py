@@ -29,6 +29,7 @@ def export_command_extended(add_arguments: Callable, run: Callable) -> bool:
     def patched_run(self):
         return run(self, original_run)
 
+    parse_args.__wrapped__, patched_run.__wrapped__ = original_parse, original_run  # for inspect.unwrap
     command._shared_graph_original = (original_parse, original_run)
     command.parse_args = staticmethod(parse_args)
     command.run = patched_run

@@ -498,13 +498,13 @@ def real_model(directory: str | Path | None = None, *, log: Any = None) -> Path:
 
     root = Path(directory) if directory is not None else models_dir()
     out = root / REAL_MODEL["name"]
-    if (out / _STAMP).is_file():
+    if _built(out):
         return out
     root.mkdir(parents=True, exist_ok=True)
     say = log or (lambda _line: None)
     with open(root / f".{REAL_MODEL['name']}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
-        if (out / _STAMP).is_file():  # another process built it while this one waited
+        if _built(out):  # another process built it while this one waited
             return out
         gguf = _real_gguf(root, say)
         say(f"converting {gguf.name} into {out} (transformers, fp32)")
@@ -514,13 +514,28 @@ def real_model(directory: str | Path | None = None, *, log: Any = None) -> Path:
 
             shutil.rmtree(staging)
         checked = _convert_gguf(gguf, staging)
-        (staging / _STAMP).write_text(json.dumps(dict(REAL_MODEL, tokenizer_checks=checked), indent=2) + "\n")
+        (staging / _STAMP).write_text(json.dumps(dict(REAL_MODEL, tokenizer_ids=checked), indent=2) + "\n")
         if out.exists():
             import shutil
 
             shutil.rmtree(out)
         staging.rename(out)
     return out
+
+
+def _built(out: Path) -> bool:
+    """Whether `out` holds the converted model of this `REAL_MODEL` (its stamp), its tokenizer checked again here
+    against the GGUF tokenizer's ids the stamp records (a cheap check: a tokenizer changed since is an error)."""
+    import json
+
+    try:
+        stamp = json.loads((out / _STAMP).read_text())
+    except (OSError, ValueError):
+        return False
+    if stamp.get("sha256") != REAL_MODEL["sha256"] or not stamp.get("tokenizer_ids"):
+        return False
+    check_real_tokenizer(out, stamp["tokenizer_ids"])
+    return True
 
 
 def _real_gguf(root: Path, say) -> Path:
@@ -571,18 +586,17 @@ def _real_gguf(root: Path, say) -> Path:
     return gguf
 
 
-def _convert_gguf(gguf: Path, out: Path) -> int:
+def _convert_gguf(gguf: Path, out: Path) -> dict[str, list[int]]:
     """Save the GGUF model as a Hugging Face directory at `out` with a tokenizer rebuilt to give the GGUF tokenizer's
-    ids; returns how many strings were checked. transformers 5.5 saves a GGUF llama tokenizer wrongly (a
+    ids; returns the ids checked (`gguf_token_ids`). transformers 5.5 saves a GGUF llama tokenizer wrongly (a
     CodeLlamaTokenizer whose reload turns every space into `<|endoftext|>`, EOS `<|im_start|>`): the tokenizer is
     rebuilt from its `tokenizer.json` with byte-level post-processing and decoding, EOS `<|im_end|>` and no added BOS
     (the GGUF's `add_bos_token` is false), and checked against the GGUF tokenizer on `_TOKENIZER_CHECKS`."""
+    import importlib.util
     import json
 
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast
-
-    import importlib.util
 
     missing = [name for name in ("gguf", "accelerate") if importlib.util.find_spec(name) is None]
     if missing:
@@ -609,19 +623,42 @@ def _convert_gguf(gguf: Path, out: Path) -> int:
     fixed.chat_template = gguf_tokenizer.chat_template
     fixed.save_pretrained(str(out))
 
+    expected = gguf_token_ids(gguf_tokenizer)
+    check_real_tokenizer(out, expected)
     saved = AutoTokenizer.from_pretrained(str(out))
-    bos = gguf_tokenizer.bos_token_id
-    for text in _TOKENIZER_CHECKS:
-        expected = gguf_tokenizer(text)["input_ids"]
-        expected = expected[1:] if expected and expected[0] == bos else expected
-        got = saved(text)["input_ids"]
-        if got != expected or saved.decode(got) != text:
-            raise RealModelError(f"the saved tokenizer of {REAL_MODEL['name']} differs from its GGUF tokenizer on "
-                                 f"{text!r}: ids {got[:12]} against {expected[:12]}, decoded {saved.decode(got)!r}")
     config = json.loads((out / "generation_config.json").read_text())
     if config.get("eos_token_id") != saved.eos_token_id:
         raise RealModelError(f"the generation config's eos_token_id {config.get('eos_token_id')} is not the tokenizer's "
                              f"EOS {saved.eos_token!r} ({saved.eos_token_id})")
     if not saved.chat_template:
         raise RealModelError(f"the saved tokenizer of {REAL_MODEL['name']} has no chat template")
-    return len(_TOKENIZER_CHECKS)
+    return expected
+
+
+def gguf_token_ids(gguf_tokenizer: Any) -> dict[str, list[int]]:
+    """The GGUF tokenizer's ids of each of a few strings (spaces, newlines, code, the chat markers), less the BOS
+    transformers' GGUF tokenizer adds (the GGUF's `add_bos_token` is false): what the saved tokenizer must give."""
+    bos = gguf_tokenizer.bos_token_id
+    expected = {}
+    for text in _TOKENIZER_CHECKS:
+        ids = gguf_tokenizer(text)["input_ids"]
+        expected[text] = ids[1:] if ids and ids[0] == bos else ids
+    return expected
+
+
+def check_real_tokenizer(directory: str | Path, expected: dict[str, list[int]]) -> int:
+    """Check that the tokenizer saved in `directory` gives the `expected` ids (`gguf_token_ids`, recorded in
+    `real_model.json` at conversion) and decodes them back to the text, on each string; returns how many.
+
+    Raises:
+        RealModelError: on the first string where it does not, naming it and both ids.
+    """
+    from transformers import AutoTokenizer
+
+    saved = AutoTokenizer.from_pretrained(str(directory))
+    for text, ids in expected.items():
+        got = saved(text)["input_ids"]
+        if got != ids or saved.decode(got) != text:
+            raise RealModelError(f"the tokenizer saved in {directory} differs from {REAL_MODEL['name']}'s GGUF tokenizer "
+                                 f"on {text!r}: ids {got[:12]} against {ids[:12]}, decoded {saved.decode(got)!r}")
+    return len(expected)

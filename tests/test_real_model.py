@@ -172,7 +172,8 @@ def test_a_left_padded_batch_as_pytorch(consumers, consumer, pytorch):
 @pytest.mark.parametrize("kind", list(KINDS))
 @pytest.mark.parametrize("consumer", ["openvino", "optimum", "runtime", "genai", "continuous-batching"])
 def test_validate_under_default_properties(artifacts, kind, consumer):
-    """The device's defaults (on a CPU with bf16 units: bf16 compute, a u8 KV cache) judged by the margins."""
+    """The device's defaults (whatever this host computes in: bf16 compute and an f16 KV cache on a CPU with bf16
+    units, by the artifact's runtime options) judged by the margins, as validate() judges them."""
     out = artifacts(kind)
     manifest = json.loads((out / "shared_graph.json").read_text())
     assert manifest["validation"]["status"] == ("passed" if kind == "fp32" else "recorded")

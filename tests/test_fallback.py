@@ -109,7 +109,8 @@ def test_fallback_honours_logits_all(opaque_model, tmp_path):
     assert ov.Core().read_model(out / "openvino_model.xml").output("logits").get_partial_shape()[1].is_dynamic
 
 
-def test_fallback_never_writes_nothing(opaque_model, out_dir):
+def test_fallback_never_writes_nothing(opaque_model, out_dir_both):
+    out_dir = out_dir_both
     before = tree_snapshot(out_dir)
     proc = _export(opaque_model, out_dir, "--trust-remote-code", "--fallback", "never")
     assert proc.returncode != 0

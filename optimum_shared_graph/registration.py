@@ -11,7 +11,7 @@ import importlib
 import sys
 import threading
 
-from .tasks import BASE_TASK, TASK
+from .tasks import BASE_TASK, TASK, VLM_SHARED_TASK, VLM_TASK
 
 _EXPORTER_MODULE = "optimum.exporters.openvino"
 
@@ -86,6 +86,7 @@ def register_tasks() -> list[str]:
             if tasks and BASE_TASK in tasks:
                 tasks.setdefault(TASK, tasks[BASE_TASK])
                 model_types.append(model_type)
+        _register_vlm_task(TasksManager)
         try:
             from optimum.intel.openvino import utils as ov_utils
 
@@ -94,6 +95,21 @@ def register_tasks() -> list[str]:
             pass
         _tasks_registered = sorted(model_types)
         return list(_tasks_registered)
+
+
+def _register_vlm_task(tasks_manager) -> None:
+    """`image-text-to-text-shared` beside optimum-intel's `image-text-to-text` for every type it exports so, loaded
+    as optimum-intel loads them for that task (the export refuses, at stage 1, the types it cannot do yet)."""
+    loaders = tasks_manager._TRANSFORMERS_TASKS_TO_MODEL_LOADERS
+    if VLM_TASK in loaders:
+        loaders.setdefault(VLM_SHARED_TASK, loaders[VLM_TASK])
+    mappings = getattr(tasks_manager, "_TRANSFORMERS_TASKS_TO_MODEL_MAPPINGS", None)
+    if isinstance(mappings, dict) and VLM_TASK in mappings:
+        mappings.setdefault(VLM_SHARED_TASK, mappings[VLM_TASK])
+    for exporters in tasks_manager._SUPPORTED_MODEL_TYPE.values():
+        tasks = exporters.get("openvino") if isinstance(exporters, dict) else None
+        if tasks and VLM_TASK in tasks:
+            tasks.setdefault(VLM_SHARED_TASK, tasks[VLM_TASK])
 
 
 def supported_model_types() -> list[str]:

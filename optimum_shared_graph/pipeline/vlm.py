@@ -190,7 +190,7 @@ def validate_parts(directory: Path, reference: Reference, weight_format: str | N
     from ..proof.judge import RELATIVE_TOLERANCE, judge_logits, scaled_tolerance
     from ..runtimes.session import EXACT_CONFIG
 
-    fmt = weight_format or "fp32"
+    fmt = weight_format or _compressed_weights(directory / LANGUAGE_XML) or "fp32"
     enforced = fmt in RELATIVE_TOLERANCE
     parts = OVModelForVisualCausalLM.from_pretrained(directory, ov_config=dict(EXACT_CONFIG), compile=False)
     core = ov.Core()
@@ -249,6 +249,18 @@ def validate_parts(directory: Path, reference: Reference, weight_format: str | N
             f"text prompt: {why}; nothing was written (report the model, or pass --skip-validation to keep an "
             "unchecked artifact)", report=report)
     return report
+
+
+def _compressed_weights(xml: Path) -> str | None:
+    """"int8" (or "int4") when optimum-intel compressed the graph's weights without being asked (its default for a
+    model over a billion parameters), else None: such a graph is recorded against PyTorch, not judged at fp32."""
+    import openvino as ov
+
+    kinds = {op.get_output_element_type(0).get_type_name() for op in ov.Core().read_model(xml).get_ops()
+             if op.get_type_name() == "Constant" and op.get_output_partial_shape(0).rank.get_length() >= 2}
+    if kinds & {"u4", "i4", "nf4", "f4e2m1"}:
+        return "int4"
+    return "int8" if kinds & {"u8", "i8"} else None
 
 
 class _VlmExport:

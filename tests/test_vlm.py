@@ -1,0 +1,183 @@
+"""`--task image-text-to-text-shared` (`pipeline/vlm.py`): the whole Qwen3.5 model in optimum-intel's VLM layout.
+
+The checkpoints are laid out like the published ones, with their processor (`testing.build_tiny_multimodal(...,
+processor=True)`: image processor, tokenizer with the image tokens, chat template), so a real image (a small
+generated PIL image) and a text prompt go through PyTorch, OpenVINO GenAI's `VLMPipeline` and optimum-intel's
+`OVModelForVisualCausalLM`. Greedy tokens are compared under f32 properties with EOS disabled on both sides.
+
+optimum-intel 2.2's `_OVQwen3_5ForCausalLM.generate()` cannot run under transformers 5.5 (its
+`prepare_inputs_for_generation` indexes a `cache_position` 5.5's `generate()` no longer passes, and its position
+ids call 5.5's `get_rope_index` without the `mm_token_type_ids` it now requires), so the OVModelForVisualCausalLM
+check drives the loaded model's own `forward()` greedily, with the (4, batch, seq) positions PyTorch starts from.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import EXACT, error_line, run_cli
+
+from optimum_shared_graph import read_manifest
+
+NEW_TOKENS = 12
+PROMPT = "Describe the quick brown fox"
+# optimum-intel's image-text-to-text layout for Qwen3.5 (what OVModelForVisualCausalLM and VLMPipeline load)
+GRAPHS = ["openvino_language_model.xml", "openvino_text_embeddings_model.xml", "openvino_vision_embeddings_merger_model.xml",
+          "openvino_vision_embeddings_model.xml", "openvino_vision_embeddings_pos_model.xml"]
+
+
+@pytest.fixture(scope="module")
+def vlm(tmp_path_factory):
+    """`vlm("qwen3_5")` -> (checkpoint, artifact): a tiny checkpoint with its processor, exported once by the CLI."""
+    from optimum_shared_graph.testing import build_tiny_multimodal
+
+    built = {}
+
+    def get(model_type: str):
+        if model_type not in built:
+            root = tmp_path_factory.mktemp("vlm")
+            build_tiny_multimodal(model_type, root / model_type, processor=True)
+            out = root / "out"
+            proc = run_cli("export", "openvino", "-m", str(root / model_type), "--task", "image-text-to-text-shared",
+                           str(out))
+            assert proc.returncode == 0, proc.stderr[-3000:]
+            built[model_type] = (root / model_type, out, proc)
+        return built[model_type]
+
+    return get
+
+
+def _image():
+    from PIL import Image
+
+    return Image.fromarray((np.random.RandomState(0).rand(64, 64, 3) * 255).astype("uint8"))
+
+
+def _pytorch(path):
+    """The processor's inputs for the image and prompt, PyTorch's greedy new tokens, and the model."""
+    from transformers import AutoModelForImageTextToText, AutoProcessor
+
+    processor = AutoProcessor.from_pretrained(path)
+    conversation = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": PROMPT}]}]
+    enc = processor(images=_image(), text=processor.apply_chat_template(conversation, add_generation_prompt=True),
+                    return_tensors="pt")
+    model = AutoModelForImageTextToText.from_pretrained(path, dtype=torch.float32).eval()
+    with torch.no_grad():
+        out = model.generate(**enc, max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, do_sample=False,
+                             pad_token_id=0)
+    return enc, out[0, enc["input_ids"].shape[1]:].tolist(), model
+
+
+def _genai_tokens(out) -> list[int]:
+    import openvino as ov
+    import openvino_genai as ov_genai
+
+    class Tokens(ov_genai.StreamerBase):
+        def __init__(self):
+            super().__init__()
+            self.tokens = []
+
+        def write(self, token):
+            self.tokens.extend(token if isinstance(token, list) else [token])
+            return ov_genai.StreamingStatus.RUNNING
+
+        def end(self):
+            pass
+
+    pipe = ov_genai.VLMPipeline(str(out), "CPU", **EXACT)
+    config = ov_genai.GenerationConfig(max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, ignore_eos=True)
+    streamer = Tokens()
+    pipe.generate(PROMPT, images=[ov.Tensor(np.array(_image()))], generation_config=config, streamer=streamer)
+    return streamer.tokens
+
+
+def _optimum_tokens(out, enc, model) -> list[int]:
+    """OVModelForVisualCausalLM's own forward(), greedy (see the module docstring for why not its generate())."""
+    from optimum.intel import OVModelForVisualCausalLM
+
+    ov_model = OVModelForVisualCausalLM.from_pretrained(out, ov_config=EXACT)
+    vision, deltas = model.model.get_rope_index(enc["input_ids"], enc["mm_token_type_ids"],
+                                                image_grid_thw=enc["image_grid_thw"],
+                                                attention_mask=enc["attention_mask"])
+    positions = torch.cat([(enc["attention_mask"].cumsum(-1) - 1)[None], vision], 0)
+    mask, prompt = enc["attention_mask"], enc["input_ids"].shape[1]
+    result = ov_model(input_ids=enc["input_ids"], pixel_values=enc["pixel_values"], attention_mask=mask,
+                      position_ids=positions, image_grid_thw=enc["image_grid_thw"])
+    tokens = [int(result.logits[0, -1].argmax())]
+    for step in range(1, NEW_TOKENS):
+        mask = torch.cat([mask, torch.ones(1, 1, dtype=mask.dtype)], 1)
+        text = prompt + step - 1
+        positions = torch.tensor([text] + [text + int(deltas[0, 0])] * 3).view(4, 1, 1)
+        result = ov_model(input_ids=torch.tensor([[tokens[-1]]]), past_key_values=result.past_key_values,
+                          attention_mask=mask, position_ids=positions)
+        tokens.append(int(result.logits[0, -1].argmax()))
+    return tokens
+
+
+def _check_artifact(path, out, proc):
+    import openvino as ov
+
+    said = proc.stderr.strip().splitlines()[-1]
+    assert said.startswith(f"image-text-to-text-shared: wrote {out} (shared; dynamic, logits=last, stateful=True); "
+                           "validation: passed (greedy"), said
+    graphs = sorted(p.name for p in out.glob("openvino_*.xml") if "tokenizer" not in p.name)
+    assert graphs == GRAPHS
+    assert (out / "openvino_tokenizer.xml").is_file() and (out / "openvino_detokenizer.xml").is_file()
+    manifest = read_manifest(out)
+    source = json.loads((path / "config.json").read_text())
+    assert manifest.task == "image-text-to-text-shared" and manifest.partitioning == "shared"
+    assert manifest.model["model_type"] == source["model_type"]
+    assert manifest.model["fixes"][0]["fix"] == "optimum_shared_graph.architectures.qwen3_5"
+    assert manifest.graph["files"][0] == manifest.graph["language_model"] == "openvino_language_model.xml"
+    validation = manifest.validation
+    assert validation["status"] == "passed" and validation["greedy_match"], validation
+    assert validation["vision"]["image_tokens"] == 4 and validation["vision"]["max_abs_diff_image_embeds"] < 1e-4
+    # the language model: one stateful graph fed inputs_embeds and (4, batch, seq) positions, last-position logits
+    language = ov.Core().read_model(out / "openvino_language_model.xml")
+    inputs = {p.get_any_name(): p.get_partial_shape() for p in language.inputs}
+    assert sorted(inputs) == ["attention_mask", "beam_idx", "inputs_embeds", "position_ids"]
+    assert str(inputs["position_ids"]) == "[4,?,?]"
+    assert [p.get_any_name() for p in language.outputs] == ["logits"]
+    assert str(language.outputs[0].get_partial_shape()) == f"[?,1,{source['text_config']['vocab_size']}]"
+    assert language.get_sinks()  # its states inside the graph
+    # weights stored once: the graphs hold no more than the checkpoint's float32 weights
+    checkpoint = sum(p.stat().st_size for p in path.glob("*.safetensors"))
+    assert sum(p.stat().st_size for p in out.glob("openvino_*model.bin")) <= 1.02 * checkpoint
+
+
+@pytest.mark.slow  # about 55 s each (an export through optimum-cli, PyTorch, VLMPipeline)
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("model_type", ["qwen3_5", "qwen3_5_moe"])
+def test_image_prompt_greedy_parity_through_genai(model_type, vlm):
+    """The export, its layout and manifest, and VLMPipeline's greedy tokens on an image and a text prompt."""
+    path, out, proc = vlm(model_type)
+    _check_artifact(path, out, proc)
+    _enc, reference, _model = _pytorch(path)
+    assert _genai_tokens(out) == reference
+
+
+@pytest.mark.slow  # the export of the test above (shared by the module's fixture), then about 5 s
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("model_type", ["qwen3_5", "qwen3_5_moe"])
+def test_image_prompt_greedy_parity_through_optimum(model_type, vlm):
+    path, out, _proc = vlm(model_type)
+    enc, reference, model = _pytorch(path)
+    assert _optimum_tokens(out, enc, model) == reference
+
+
+def test_type_it_cannot_export_is_refused_before_any_work(tmp_path):
+    """A vision-language type with no image-text-to-text-shared export yet: one line at stage 1, nothing written."""
+    from optimum_shared_graph.testing import tiny_multimodal_config
+
+    model = tmp_path / "gemma3"
+    tiny_multimodal_config("gemma3").save_pretrained(str(model))
+    out = tmp_path / "out"
+    proc = run_cli("export", "openvino", "-m", str(model), "--task", "image-text-to-text-shared", str(out))
+    assert proc.returncode != 0
+    line = error_line(proc)
+    assert "gemma3 is not a model type --task image-text-to-text-shared exports (it exports qwen3_5, qwen3_5_moe)" in line
+    assert not out.exists() and not [p for p in tmp_path.iterdir() if p.name.endswith(".partial")]

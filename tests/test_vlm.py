@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import EXACT, error_line, run_cli
+from conftest import EXACT, run_cli, run_cli_in_process
 
 from optimum_shared_graph import read_manifest
 
@@ -169,15 +169,60 @@ def test_image_prompt_greedy_parity_through_optimum(model_type, vlm):
     assert _optimum_tokens(out, enc, model) == reference
 
 
-def test_type_it_cannot_export_is_refused_before_any_work(tmp_path):
-    """A vision-language type with no image-text-to-text-shared export yet: one line at stage 1, nothing written."""
+def test_type_it_cannot_export_is_refused_before_any_work(tmp_path, capsys):
+    """A vision-language type with no image-text-to-text-shared export yet: one line at stage 1, nothing written
+    (optimum-cli's entry point run in this process: no fresh interpreter's imports)."""
     from optimum_shared_graph.testing import tiny_multimodal_config
 
     model = tmp_path / "gemma3"
     tiny_multimodal_config("gemma3").save_pretrained(str(model))
     out = tmp_path / "out"
-    proc = run_cli("export", "openvino", "-m", str(model), "--task", "image-text-to-text-shared", str(out))
-    assert proc.returncode != 0
-    line = error_line(proc)
-    assert "gemma3 is not a model type --task image-text-to-text-shared exports (it exports qwen3_5, qwen3_5_moe)" in line
+    with pytest.raises(AssertionError, match="exited with 2"):
+        run_cli_in_process("export", "openvino", "-m", str(model), "--task", "image-text-to-text-shared", str(out))
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error: ")]
+    assert len(lines) == 1
+    assert "gemma3 is not a model type --task image-text-to-text-shared exports (it exports qwen3_5, qwen3_5_moe)" \
+        in lines[0]
     assert not out.exists() and not [p for p in tmp_path.iterdir() if p.name.endswith(".partial")]
+
+
+def test_mrope_is_transformers_interleaved_mrope():
+    """The M-RoPE the language model is traced with (`architectures/qwen3_5.py`) gives transformers' cos and sin,
+    with temporal, height and width positions that differ (image tokens), as the release's sections interleave them."""
+    from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5TextRotaryEmbedding
+
+    from optimum_shared_graph.architectures.qwen3_5 import _mrope, _mrope_selection
+    from optimum_shared_graph.testing import tiny_config
+
+    for section, head_dim in (([1, 1, 0], 16), ([11, 11, 10], 256)):  # the tiny model's and the release's
+        config = tiny_config("qwen3_5_text", head_dim=head_dim)
+        config.rope_parameters = dict(config.rope_parameters, mrope_section=section)
+        rotary = Qwen3_5TextRotaryEmbedding(config)
+        positions = torch.randint(0, 300, (3, 2, 7))
+        x = torch.zeros(1, dtype=torch.float32)
+        expected = rotary(x, positions)
+        got = _mrope(rotary, _mrope_selection(rotary), x, positions)
+        for e, g in zip(expected, got):
+            assert torch.equal(e, g), section
+
+
+def test_registered_and_fix_swapped_in_for_one_export():
+    """`image-text-to-text-shared` sits beside optimum-intel's `image-text-to-text` in TasksManager; the fixed
+    config stands in for optimum-intel's only inside `vlm_fix_applied`, its language part with the 5.5 patcher."""
+    from optimum.exporters.tasks import TasksManager
+
+    from optimum_shared_graph.pipeline.vlm import vlm_fix_applied
+    from optimum_shared_graph.registration import register_tasks
+    from optimum_shared_graph.testing import tiny_multimodal_config
+
+    register_tasks()
+    for model_type in ("qwen3_5", "qwen3_5_moe"):
+        entries = TasksManager._SUPPORTED_MODEL_TYPE[model_type]["openvino"]
+        assert "image-text-to-text-shared" in entries
+        original = entries["image-text-to-text"]
+        with vlm_fix_applied(model_type) as fix:
+            assert fix.module == "optimum_shared_graph.architectures.qwen3_5"
+            config = entries["image-text-to-text"](tiny_multimodal_config(model_type))
+            assert config.MAX_TRANSFORMERS_VERSION is None
+            assert config.with_behavior("language").patcher_cls.__name__ == "Qwen3_5LanguagePatcher"
+        assert entries["image-text-to-text"] is original

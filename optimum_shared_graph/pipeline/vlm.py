@@ -111,6 +111,7 @@ class Reference:
     calls: list[dict[str, np.ndarray]] = field(default_factory=list)  # each language model call's inputs, logits
     tokens: list[int] = field(default_factory=list)  # generate()'s greedy picks
     architecture: str = ""
+    notes: list[str] = field(default_factory=list)
 
 
 def validation_inputs(config, seed: int = 0) -> dict[str, Any]:
@@ -159,19 +160,23 @@ def capture_reference(pt_model, new_tokens: int) -> Reference:
     def after(module, args, output):
         calls[-1]["logits"] = output[:, -1, :].detach().float().numpy().copy()
 
+    images: list[np.ndarray] = []
+
+    def vision(module, args, output):  # the vision tower's merged output, at the prefill
+        images.append(output.pooler_output.detach().float().numpy().copy())
+
     hooks = [language.register_forward_pre_hook(before, with_kwargs=True),
-             pt_model.lm_head.register_forward_hook(after)]
+             pt_model.lm_head.register_forward_hook(after),
+             pt_model.model.visual.register_forward_hook(vision)]
     try:
-        with torch.no_grad():
-            image = pt_model.model.get_image_features(inputs["pixel_values"], inputs["image_grid_thw"],
-                                                      return_dict=True).pooler_output
-            image = torch.cat(list(image), dim=0).float().numpy()
-            text = pt_model.get_input_embeddings()(inputs["input_ids"]).float().numpy()
+        with torch.no_grad():  # the vision tower runs inside generate(), under the float32 compute of a 16-bit model
             out = pt_model.generate(**inputs, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False,
                                     num_beams=1, pad_token_id=0)
+            text = pt_model.get_input_embeddings().weight[inputs["input_ids"]].float().numpy()
     finally:
         for hook in hooks:
             hook.remove()
+    image = np.concatenate(images, axis=0)
     prompt = inputs["input_ids"].shape[1]
     return Reference(
         input_ids=inputs["input_ids"].numpy(), attention_mask=inputs["attention_mask"].numpy(),
@@ -240,6 +245,7 @@ def validate_parts(directory: Path, reference: Reference, weight_format: str | N
         **judged,
         "differing_steps": differing,
         "vision": vision,
+        **({"notes": list(reference.notes)} if reference.notes else {}),
         "enforced": enforced,
         "status": "failed" if why else ("passed" if enforced else "recorded"),
     }
@@ -275,7 +281,21 @@ class _VlmExport:
         pt_model.eval()
         if not self.opts.skip_validation:
             progress.stage("recording generate()")
-            self.reference = capture_reference(pt_model, max(4, self.opts.validation_new_tokens or 8))
+            tokens = max(4, self.opts.validation_new_tokens or 8)
+            from .decompose import is_16bit
+
+            if is_16bit(pt_model):  # the graph computes in float32 with the 16-bit weights: so does the reference
+                from .reference import capture_fp32
+
+                # the decoder layers upcast one at a time; the vision tower (it reads its weights' dtype) held in
+                # float32 for the whole forward
+                self.reference, report = capture_fp32(pt_model, lambda: capture_reference(pt_model, tokens),
+                                                      whole_forward=("model.visual",))
+                if report.low_precision_inputs:
+                    self.reference.notes.append("validation reference computed with 16-bit activations into "
+                                                + ", ".join(sorted(report.low_precision_inputs)))
+            else:
+                self.reference = capture_reference(pt_model, tokens)
         progress.stage("converting (optimum-intel)")
         return convert_model()
 

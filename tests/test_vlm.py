@@ -24,7 +24,12 @@ from conftest import EXACT, run_cli, run_cli_in_process
 from optimum_shared_graph import read_manifest
 
 NEW_TOKENS = 12
-PROMPT = "Describe the quick brown fox"
+# A random-init model's greedy tokens follow its last input token more than anything before it, and every prompt
+# ends with the chat template's `<|im_start|>assistant`: on this prompt the two images below give PyTorch greedy
+# tokens that differ (at the 5th token for qwen3_5, the 2nd for qwen3_5_moe), so each consumer's tokens show it
+# ran the image, not only the text (checked in each test)
+PROMPT = "hello"
+IMAGES = ("noise", "white")
 # optimum-intel's image-text-to-text layout for Qwen3.5 (what OVModelForVisualCausalLM and VLMPipeline load)
 GRAPHS = ["openvino_language_model.xml", "openvino_text_embeddings_model.xml", "openvino_vision_embeddings_merger_model.xml",
           "openvino_vision_embeddings_model.xml", "openvino_vision_embeddings_pos_model.xml"]
@@ -51,28 +56,35 @@ def vlm(tmp_path_factory):
     return get
 
 
-def _image():
+def _image(kind: str):
+    """A 64 x 64 image (4 x 4 patches of 16, 4 image tokens): random pixels, or all white."""
     from PIL import Image
 
+    if kind == "white":
+        return Image.new("RGB", (64, 64), (255, 255, 255))
     return Image.fromarray((np.random.RandomState(0).rand(64, 64, 3) * 255).astype("uint8"))
 
 
 def _pytorch(path):
-    """The processor's inputs for the image and prompt, PyTorch's greedy new tokens, and the model."""
+    """The model, and per image: the processor's inputs, PyTorch's greedy new tokens and its prefill's last logits."""
     from transformers import AutoModelForImageTextToText, AutoProcessor
 
     processor = AutoProcessor.from_pretrained(path)
     conversation = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": PROMPT}]}]
-    enc = processor(images=_image(), text=processor.apply_chat_template(conversation, add_generation_prompt=True),
-                    return_tensors="pt")
+    text = processor.apply_chat_template(conversation, add_generation_prompt=True)
     model = AutoModelForImageTextToText.from_pretrained(path, dtype=torch.float32).eval()
-    with torch.no_grad():
-        out = model.generate(**enc, max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, do_sample=False,
-                             pad_token_id=0)
-    return enc, out[0, enc["input_ids"].shape[1]:].tolist(), model
+    runs = {}
+    for kind in IMAGES:
+        enc = processor(images=_image(kind), text=text, return_tensors="pt")
+        with torch.no_grad():
+            out = model.generate(**enc, max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, do_sample=False,
+                                 pad_token_id=0, output_logits=True, return_dict_in_generate=True)
+        runs[kind] = (enc, out.sequences[0, enc["input_ids"].shape[1]:].tolist(), out.logits[0][0].numpy())
+    assert runs["noise"][1] != runs["white"][1]  # the image decides some tokens: each consumer must have run it
+    return model, runs
 
 
-def _genai_tokens(out) -> list[int]:
+def _genai_tokens(out, kind: str) -> list[int]:
     import openvino as ov
     import openvino_genai as ov_genai
 
@@ -91,15 +103,13 @@ def _genai_tokens(out) -> list[int]:
     pipe = ov_genai.VLMPipeline(str(out), "CPU", **EXACT)
     config = ov_genai.GenerationConfig(max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, ignore_eos=True)
     streamer = Tokens()
-    pipe.generate(PROMPT, images=[ov.Tensor(np.array(_image()))], generation_config=config, streamer=streamer)
+    pipe.generate(PROMPT, images=[ov.Tensor(np.array(_image(kind)))], generation_config=config, streamer=streamer)
     return streamer.tokens
 
 
-def _optimum_tokens(out, enc, model) -> list[int]:
-    """OVModelForVisualCausalLM's own forward(), greedy (see the module docstring for why not its generate())."""
-    from optimum.intel import OVModelForVisualCausalLM
-
-    ov_model = OVModelForVisualCausalLM.from_pretrained(out, ov_config=EXACT)
+def _optimum_tokens(ov_model, enc, model) -> tuple[list[int], np.ndarray]:
+    """OVModelForVisualCausalLM's own forward(), greedy (see the module docstring for why not its generate()): the
+    tokens, and the prefill's last logits."""
     vision, deltas = model.model.get_rope_index(enc["input_ids"], enc["mm_token_type_ids"],
                                                 image_grid_thw=enc["image_grid_thw"],
                                                 attention_mask=enc["attention_mask"])
@@ -107,6 +117,7 @@ def _optimum_tokens(out, enc, model) -> list[int]:
     mask, prompt = enc["attention_mask"], enc["input_ids"].shape[1]
     result = ov_model(input_ids=enc["input_ids"], pixel_values=enc["pixel_values"], attention_mask=mask,
                       position_ids=positions, image_grid_thw=enc["image_grid_thw"])
+    prefill = result.logits[0, -1].numpy().copy()
     tokens = [int(result.logits[0, -1].argmax())]
     for step in range(1, NEW_TOKENS):
         mask = torch.cat([mask, torch.ones(1, 1, dtype=mask.dtype)], 1)
@@ -115,7 +126,7 @@ def _optimum_tokens(out, enc, model) -> list[int]:
         result = ov_model(input_ids=torch.tensor([[tokens[-1]]]), past_key_values=result.past_key_values,
                           attention_mask=mask, position_ids=positions)
         tokens.append(int(result.logits[0, -1].argmax()))
-    return tokens
+    return tokens, prefill
 
 
 def _check_artifact(path, out, proc):
@@ -156,17 +167,24 @@ def test_image_prompt_greedy_parity_through_genai(model_type, vlm):
     """The export, its layout and manifest, and VLMPipeline's greedy tokens on an image and a text prompt."""
     path, out, proc = vlm(model_type)
     _check_artifact(path, out, proc)
-    _enc, reference, _model = _pytorch(path)
-    assert _genai_tokens(out) == reference
+    _model, runs = _pytorch(path)
+    for kind, (_enc, reference, _logits) in runs.items():
+        assert _genai_tokens(out, kind) == reference, kind
 
 
 @pytest.mark.slow  # the export of the test above (shared by the module's fixture), then about 5 s
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("model_type", ["qwen3_5", "qwen3_5_moe"])
 def test_image_prompt_greedy_parity_through_optimum(model_type, vlm):
+    from optimum.intel import OVModelForVisualCausalLM
+
     path, out, _proc = vlm(model_type)
-    enc, reference, model = _pytorch(path)
-    assert _optimum_tokens(out, enc, model) == reference
+    model, runs = _pytorch(path)
+    ov_model = OVModelForVisualCausalLM.from_pretrained(out, ov_config=EXACT)
+    for kind, (enc, reference, logits) in runs.items():
+        tokens, prefill = _optimum_tokens(ov_model, enc, model)
+        assert tokens == reference, kind
+        assert np.max(np.abs(prefill - logits)) < 1e-4, kind
 
 
 def test_type_it_cannot_export_is_refused_before_any_work(tmp_path, capsys):

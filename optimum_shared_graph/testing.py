@@ -410,11 +410,14 @@ def build_tiny_multimodal(model_type: str, out_dir: str | Path, *, seed: int = 0
 
     `processor=True` (the types of `VLM_PROCESSORS`) saves the checkpoint's processor instead of the text
     tokenizer: its image processor, a tokenizer with the image tokens, and a chat template, as published, so
-    an image and a text prompt go through the model; the config's image token ids are the tokenizer's.
+    an image and a text prompt go through the model; the config's image token ids are the tokenizer's, and its
+    text model's rotary is one where the image tokens' positions matter (`_QWEN_VL_ROTARY`).
     """
     import torch
     from transformers import AutoModelForImageTextToText, GenerationConfig
 
+    if processor:
+        text_overrides = {**VLM_PROCESSORS[model_type].get("text", {}), **text_overrides}
     config = tiny_multimodal_config(model_type, **text_overrides)
     if processor:  # the image token ids (top-level keys of the published config) are the tokenizer's
         for key, token_id in VLM_PROCESSORS[model_type]["ids"].items():
@@ -460,8 +463,17 @@ _QWEN_VL_CHAT_TEMPLATE = (
 # tokens) and the vision tower's 8 x 8 position grid (num_position_embeddings 64) covers it.
 _QWEN_VL_SPECIALS = ["<pad>", "<s>", "</s>", "<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>",
                      "<|image_pad|>", "<|video_pad|>"]
+# The text model's rotary, for a checkpoint an image goes through: the tiny `qwen3_5_text` rotates 4 of 16 head
+# dimensions (2 frequencies, sections [1, 1, 0]), so the height and width positions of image tokens barely reach the
+# logits (1e-5) and a language model that ignored them would pass any check. Here it rotates 16 of 32 (8 frequencies
+# in sections [3, 3, 2], the release's 11 : 11 : 10), and rope_theta 56 gives them the values of the release's first
+# 8 (1e7 ** (-k / 32) for k < 8: 1, 0.6, 0.36, ..., 0.03), so every axis has frequencies that matter.
+_QWEN_VL_ROTARY = dict(head_dim=32, rope_parameters={"rope_type": "default", "rope_theta": 56.0,
+                                                     "partial_rotary_factor": 0.5, "mrope_section": [3, 3, 2],
+                                                     "mrope_interleaved": True})
 _QWEN_VL = dict(
     specials=_QWEN_VL_SPECIALS,
+    text=_QWEN_VL_ROTARY,
     ids=dict(vision_start_token_id=5, vision_end_token_id=6, image_token_id=7, video_token_id=8),
     image_processor=dict(patch_size=16, merge_size=2, temporal_patch_size=2, image_mean=[0.5, 0.5, 0.5],
                          image_std=[0.5, 0.5, 0.5], size={"shortest_edge": 32 * 32, "longest_edge": 128 * 128}),

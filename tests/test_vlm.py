@@ -26,8 +26,8 @@ from optimum_shared_graph import read_manifest
 NEW_TOKENS = 12
 # A random-init model's greedy tokens follow its last input token more than anything before it, and every prompt
 # ends with the chat template's `<|im_start|>assistant`: on this prompt the two images below give PyTorch greedy
-# tokens that differ (at the 5th token for qwen3_5, the 2nd for qwen3_5_moe), so each consumer's tokens show it
-# ran the image, not only the text (checked in each test)
+# tokens that differ (from the first token, for both types), so each consumer's tokens show it ran the image, not
+# only the text (checked in each test)
 PROMPT = "hello"
 IMAGES = ("noise", "white")
 # optimum-intel's image-text-to-text layout for Qwen3.5 (what OVModelForVisualCausalLM and VLMPipeline load)
@@ -117,15 +117,23 @@ def _optimum_tokens(ov_model, enc, model) -> tuple[list[int], np.ndarray]:
     mask, prompt = enc["attention_mask"], enc["input_ids"].shape[1]
     result = ov_model(input_ids=enc["input_ids"], pixel_values=enc["pixel_values"], attention_mask=mask,
                       position_ids=positions, image_grid_thw=enc["image_grid_thw"])
+    eos = model.generation_config.eos_token_id
+    eos = [eos] if isinstance(eos, int) else list(eos or [])
+
+    def pick(logits):  # greedy, EOS suppressed as PyTorch's min_new_tokens does
+        logits = logits.clone()
+        logits[eos] = -float("inf")
+        return int(logits.argmax())
+
     prefill = result.logits[0, -1].numpy().copy()
-    tokens = [int(result.logits[0, -1].argmax())]
+    tokens = [pick(result.logits[0, -1])]
     for step in range(1, NEW_TOKENS):
         mask = torch.cat([mask, torch.ones(1, 1, dtype=mask.dtype)], 1)
         text = prompt + step - 1
         positions = torch.tensor([text] + [text + int(deltas[0, 0])] * 3).view(4, 1, 1)
         result = ov_model(input_ids=torch.tensor([[tokens[-1]]]), past_key_values=result.past_key_values,
                           attention_mask=mask, position_ids=positions)
-        tokens.append(int(result.logits[0, -1].argmax()))
+        tokens.append(pick(result.logits[0, -1]))
     return tokens, prefill
 
 
@@ -244,3 +252,40 @@ def test_registered_and_fix_swapped_in_for_one_export():
             assert config.MAX_TRANSFORMERS_VERSION is None
             assert config.with_behavior("language").patcher_cls.__name__ == "Qwen3_5LanguagePatcher"
         assert entries["image-text-to-text"] is original
+
+
+@pytest.mark.slow  # the export of the tests above (the module's fixture), then about 5 s
+@pytest.mark.timeout(900)
+def test_validation_refuses_a_language_model_that_ignores_the_image_positions(vlm, tmp_path):
+    """The export's check of the language model is decisive for the M-RoPE: the artifact's graph fed the text
+    positions on all three M-RoPE axes (a language model that ignores where the image's patches are, as a text-only
+    rotary would) is refused against the PyTorch reference, which the unchanged graph passes."""
+    import shutil
+
+    import openvino as ov
+    import openvino.opset13 as ops
+    from transformers import AutoModelForImageTextToText
+
+    from optimum_shared_graph import ExportValidationError
+    from optimum_shared_graph.pipeline.vlm import LANGUAGE_XML, capture_reference, validate_parts
+
+    path, out, _proc = vlm("qwen3_5")
+    model = AutoModelForImageTextToText.from_pretrained(path, dtype=torch.float32).eval()
+    reference = capture_reference(model, 4)
+    assert validate_parts(out, reference, None)["status"] == "passed"
+
+    broken = tmp_path / "broken"
+    shutil.copytree(out, broken)
+    graph = ov.Core().read_model(broken / LANGUAGE_XML)
+    positions = next(p for p in graph.inputs if p.get_any_name() == "position_ids")
+    readers = list(positions.get_target_inputs())  # before the gather below becomes one
+    text = ops.gather(positions.get_node().output(0), ops.constant(np.array([0, 0, 0, 0])), ops.constant(0))
+    for target in readers:
+        target.replace_source_output(text.output(0))
+    graph.validate_nodes_and_infer_types()
+    ov.save_model(graph, broken / "staged.xml", compress_to_fp16=False)
+    del graph
+    for suffix in (".xml", ".bin"):
+        shutil.move(broken / f"staged{suffix}", broken / LANGUAGE_XML.replace(".xml", suffix))
+    with pytest.raises(ExportValidationError, match="does not reproduce Qwen3_5ForConditionalGeneration"):
+        validate_parts(broken, reference, None)

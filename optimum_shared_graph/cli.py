@@ -12,7 +12,7 @@ from .errors import SharedGraphError
 from .host import export_command_extended
 from .options import FALLBACK_MODES, LOGITS_MODES, SHAPE_MODES, ExportOptions
 from .registration import register_tasks_on_import
-from .tasks import BASE_TASK, TASK
+from .tasks import BASE_TASK, TASK, VLM_SHARED_TASK
 
 # flag -> ExportOptions field. Flags default to None so we can tell which ones were given.
 _FLAGS = {
@@ -77,6 +77,8 @@ def options_from_args(args) -> ExportOptions:
 def run(command, original_run) -> None:
     """Run `optimum-cli export openvino`: our pipeline for our task, optimum-intel's otherwise."""
     args = command.args
+    if args.task == VLM_SHARED_TASK:
+        return _run_vlm(command, original_run)
     if args.task != TASK:
         given = [flag for field, flag in _FLAGS.items() if getattr(args, field, None) is not None]
         if given:
@@ -111,6 +113,39 @@ def run(command, original_run) -> None:
         quant = {"weight_format": args.weight_format, "quant_mode": args.quant_mode, "dataset": args.dataset}
         manifest = pipeline.run_export(args.model, args.output, options, raw_export=raw_export, quantization=quant,
                               quantization_config=quantization_config)
+    except SharedGraphError as err:
+        if os.environ.get("OPTIMUM_SHARED_GRAPH_DEBUG"):
+            raise
+        _fail(str(err))
+    print(manifest.summary(), file=sys.stderr)
+
+
+# the flags `--task image-text-to-text-shared` takes (the others fix what it does not do yet: a static graph, ...)
+_VLM_FLAGS = ("logits", "skip_validation", "validation_new_tokens", "quiet")
+
+
+def _run_vlm(command, original_run) -> None:
+    """`--task image-text-to-text-shared`: optimum-intel's own `image-text-to-text` export (all its flags) with the
+    language model as the shared graph, validated (`pipeline/vlm.py`)."""
+    args = command.args
+    given = [flag for field, flag in _FLAGS.items() if field not in _VLM_FLAGS and getattr(args, field, None) is not None]
+    if given:
+        _fail(f"{', '.join(given)} does not apply with --task {VLM_SHARED_TASK}")
+
+    from .pipeline import vlm
+
+    def raw_export(model_path: str, output: Path, task: str) -> None:
+        saved = (args.model, args.output, args.task)
+        args.model, args.output, args.task = model_path, output, task
+        try:
+            original_run(command)
+        finally:
+            args.model, args.output, args.task = saved
+
+    try:
+        options = options_from_args(args)
+        quant = {"weight_format": args.weight_format, "quant_mode": args.quant_mode, "dataset": args.dataset}
+        manifest = vlm.run_vlm_export(args.model, args.output, options, raw_export=raw_export, quantization=quant)
     except SharedGraphError as err:
         if os.environ.get("OPTIMUM_SHARED_GRAPH_DEBUG"):
             raise

@@ -13,7 +13,7 @@ from typing import Any
 
 from . import verified
 from .errors import InvalidOptionsError, ManifestError
-from .tasks import TASK, VLM_TASK
+from .tasks import TASK, VLM_SHARED_TASK, VLM_TASK
 
 MANIFEST_NAME = "shared_graph.json"
 SCHEMA_VERSION = 1
@@ -96,7 +96,7 @@ def _is_str_list(value: Any) -> bool:
 
 # What each field read from a manifest must be: a check returning True, and what to say otherwise.
 _FIELD_CHECKS: dict[str, tuple[Any, str]] = {
-    "task": (lambda v: v == TASK, f"is not {TASK!r}"),
+    "task": (lambda v: v in (TASK, VLM_SHARED_TASK), f"is not {TASK!r} or {VLM_SHARED_TASK!r}"),
     "partitioning": (lambda v: v in ("shared", "fallback"), "is not 'shared' or 'fallback'"),
     "shape_mode": (lambda v: v in ("dynamic", "static"), "is not 'dynamic' or 'static'"),
     "logits": (lambda v: v in ("last", "all"), "is not 'last' or 'all'"),
@@ -215,7 +215,7 @@ class Manifest:
                 f"max |dlogits| prefill {v['max_abs_diff_prefill']:.2e}, decode {v['max_abs_diff_decode']:.2e})"
             )
         where = self.path.parent if self.path else "?"
-        head = f"text-generation-shared: wrote {where} ({self.partitioning}"
+        head = f"{self.task}: wrote {where} ({self.partitioning}"
         if self.fallback_reason:
             head += f": {self.fallback_reason}"
         line = f"{head}; {self.shape_mode}, logits={self.logits}, stateful={self.stateful}); validation: {check}"

@@ -12,7 +12,7 @@ import sys
 import threading
 
 from .host import task_registered
-from .tasks import BASE_TASK, TASK
+from .tasks import BASE_TASK, TASK, VLM_SHARED_TASK, VLM_TASK
 
 _EXPORTER_MODULE = "optimum.exporters.openvino"
 
@@ -76,6 +76,9 @@ def register_tasks() -> list[str]:
             return list(_tasks_registered)
         importlib.import_module(_EXPORTER_MODULE)
         _tasks_registered = sorted(task_registered(TASK, BASE_TASK))  # host/: TasksManager, for the process
+        # image-text-to-text-shared beside optimum-intel's image-text-to-text, loaded as it loads them (the export
+        # refuses, at stage 1, the types it cannot do yet)
+        task_registered(VLM_SHARED_TASK, VLM_TASK, generic=VLM_TASK, loader=None)
         return list(_tasks_registered)
 
 

@@ -407,13 +407,24 @@ def tiny_multimodal_config(model_type: str, **text_overrides: Any):
 
 
 def build_tiny_multimodal(model_type: str, out_dir: str | Path, *, seed: int = 0, tokenizer: bool = True,
-                          **text_overrides: Any):
+                          processor: bool = False, **text_overrides: Any):
     """Build, save and return a tiny random-init multimodal model of `model_type` laid out like its published
-    checkpoint (`AutoModelForImageTextToText`, weights under the published names), with a tokenizer beside it."""
+    checkpoint (`AutoModelForImageTextToText`, weights under the published names), with a tokenizer beside it.
+
+    `processor=True` (the types of `VLM_PROCESSORS`) saves the checkpoint's processor instead of the text
+    tokenizer: its image processor, a tokenizer with the image tokens, and a chat template, as published, so
+    an image and a text prompt go through the model; the config's image token ids are the tokenizer's, and its
+    text model's rotary is one where the image tokens' positions matter (`_QWEN_VL_ROTARY`).
+    """
     import torch
     from transformers import AutoModelForImageTextToText, GenerationConfig
 
+    if processor:
+        text_overrides = {**VLM_PROCESSORS[model_type].get("text", {}), **text_overrides}
     config = tiny_multimodal_config(model_type, **text_overrides)
+    if processor:  # the image token ids (top-level keys of the published config) are the tokenizer's
+        for key, token_id in VLM_PROCESSORS[model_type]["ids"].items():
+            setattr(config, key, token_id)
     torch.manual_seed(seed)
     model = AutoModelForImageTextToText.from_config(config, dtype=torch.float32).eval()
     model.generation_config = GenerationConfig(bos_token_id=1, eos_token_id=2, pad_token_id=0)
@@ -430,7 +441,9 @@ def build_tiny_multimodal(model_type: str, out_dir: str | Path, *, seed: int = 0
                     name = name.replace(old, new, 1) if name.startswith(old) else name
                 renamed[name] = tensor
             save_file(renamed, str(weights), metadata={"format": "pt"})
-    if tokenizer:
+    if processor:
+        build_vlm_processor(model_type, out_dir)
+    elif tokenizer:
         build_tokenizer(out_dir)
     return model
 
@@ -661,3 +674,77 @@ def check_real_tokenizer(directory: str | Path, expected: dict[str, list[int]]) 
             raise RealModelError(f"the tokenizer saved in {directory} differs from {REAL_MODEL['name']}'s GGUF tokenizer "
                                  f"on {text!r}: ids {got[:12]} against {ids[:12]}, decoded {saved.decode(got)!r}")
     return len(expected)
+
+
+# The chat template of Qwen/Qwen3.5-27B reduced to what a user turn with images and text needs (the published one
+# adds tools, thinking and video): an image is `<|vision_start|><|image_pad|><|vision_end|>`, which the processor
+# expands to one `<|image_pad|>` per merged patch.
+_QWEN_VL_CHAT_TEMPLATE = (
+    "{%- for message in messages %}{{- '<|im_start|>' + message.role + '\\n' }}"
+    "{%- if message.content is string %}{{- message.content }}{%- else %}{%- for item in message.content %}"
+    "{%- if item.type == 'image' or 'image' in item %}{{- '<|vision_start|><|image_pad|><|vision_end|>' }}"
+    "{%- elif item.type == 'text' %}{{- item.text }}{%- endif %}{%- endfor %}{%- endif %}{{- '<|im_end|>\\n' }}"
+    "{%- endfor %}{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+
+# Multimodal types whose processor `build_tiny_multimodal(processor=True)` saves: the tokenizer's special tokens
+# (first, so they get the ids the config names), the config keys naming them (the published config's keys), and
+# the image processor as Qwen/Qwen3.5-27B's preprocessor_config.json has it (patches of 16, 2 x 2 merge, 2 frames
+# per temporal patch, mean and std 0.5), its pixel bounds scaled down so a 64 x 64 image is 4 x 4 patches (4 image
+# tokens) and the vision tower's 8 x 8 position grid (num_position_embeddings 64) covers it.
+_QWEN_VL_SPECIALS = ["<pad>", "<s>", "</s>", "<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>",
+                     "<|image_pad|>", "<|video_pad|>"]
+# The text model's rotary, for a checkpoint an image goes through: the tiny `qwen3_5_text` rotates 4 of 16 head
+# dimensions (2 frequencies, sections [1, 1, 0]), so the height and width positions of image tokens barely reach the
+# logits (1e-5) and a language model that ignored them would pass any check. Here it rotates 16 of 32 (8 frequencies
+# in sections [3, 3, 2], the release's 11 : 11 : 10), and rope_theta 56 gives them the values of the release's first
+# 8 (1e7 ** (-k / 32) for k < 8: 1, 0.6, 0.36, ..., 0.03), so every axis has frequencies that matter.
+_QWEN_VL_ROTARY = dict(head_dim=32, rope_parameters={"rope_type": "default", "rope_theta": 56.0,
+                                                     "partial_rotary_factor": 0.5, "mrope_section": [3, 3, 2],
+                                                     "mrope_interleaved": True})
+_QWEN_VL = dict(
+    specials=_QWEN_VL_SPECIALS,
+    text=_QWEN_VL_ROTARY,
+    ids=dict(vision_start_token_id=5, vision_end_token_id=6, image_token_id=7, video_token_id=8),
+    image_processor=dict(patch_size=16, merge_size=2, temporal_patch_size=2, image_mean=[0.5, 0.5, 0.5],
+                         image_std=[0.5, 0.5, 0.5], size={"shortest_edge": 32 * 32, "longest_edge": 128 * 128}),
+    chat_template=_QWEN_VL_CHAT_TEMPLATE,
+)
+VLM_PROCESSORS: dict[str, dict[str, Any]] = {"qwen3_5": _QWEN_VL, "qwen3_5_moe": _QWEN_VL}
+
+
+def build_vlm_processor(model_type: str, out_dir: str | Path) -> Any:
+    """Save the processor of a tiny `model_type` checkpoint (`VLM_PROCESSORS`): image processor, video processor,
+    a locally trained tokenizer with the image tokens, the chat template. Returns the processor."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast, Qwen2VLImageProcessor, Qwen3VLProcessor, Qwen3VLVideoProcessor
+
+    spec = VLM_PROCESSORS[model_type]
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=TINY_VOCAB, special_tokens=spec["specials"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train_from_iterator(CORPUS * 4, trainer)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>", padding_side="left",
+        model_input_names=["input_ids", "attention_mask"], chat_template=spec["chat_template"],
+    )
+    for name, token_id in spec["ids"].items():
+        assert fast.convert_tokens_to_ids(spec["specials"][token_id]) == token_id, name
+    image = Qwen2VLImageProcessor(**spec["image_processor"])
+    video = Qwen3VLVideoProcessor(**{k: v for k, v in spec["image_processor"].items() if k != "size"})
+    processor = Qwen3VLProcessor(image_processor=image, tokenizer=fast, video_processor=video,
+                                 chat_template=spec["chat_template"])
+    # the published layout: preprocessor_config.json, video_preprocessor_config.json, the tokenizer's files and
+    # chat_template.jinja (OpenVINO GenAI reads preprocessor_config.json; transformers 5.5's
+    # `processor.save_pretrained` would write them all into one processor_config.json instead)
+    image.save_pretrained(str(out_dir))
+    video.save_pretrained(str(out_dir))
+    fast.save_pretrained(str(out_dir))
+    for name in ("preprocessor_config.json", "video_preprocessor_config.json"):
+        path = Path(out_dir) / name
+        path.write_text(path.read_text().replace('"image_processor_type"',
+                                                 '"processor_class": "Qwen3VLProcessor",\n  "image_processor_type"')
+                        if name == "preprocessor_config.json" else path.read_text())
+    return processor

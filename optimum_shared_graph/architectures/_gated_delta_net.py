@@ -99,7 +99,8 @@ def patcher_class() -> type:
 
         def __init__(self, config, model, model_kwargs: dict[str, Any] | None = None):
             super().__init__(config, model, model_kwargs)
-            self._text_model = self._model.model
+            # the decoder: the causal LM's `model`, or a multimodal model's `model.language_model`
+            self._text_model = getattr(self._model.model, "language_model", self._model.model)
             self._layer_types = list(self._text_model.config.layer_types)
             self.positions = None  # the rotary positions of the call being traced, (1, seq)
             use_recurrent_cell(self, RecurrentAttentionCell, convert_recurrent_attention_cell)

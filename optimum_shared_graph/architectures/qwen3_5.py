@@ -107,3 +107,105 @@ def export_config(base: type) -> type:
         "_MODEL_PATCHER": _patcher_class(),
         "inputs": property(inputs),
     })
+
+
+# The whole multimodal model (`--task image-text-to-text-shared`): optimum-intel's Qwen3.5 image-text-to-text
+# config, whose language model part is the graph above fed `inputs_embeds` with the M-RoPE positions.
+VLM_MODEL_TYPES = ("qwen3_5", "qwen3_5_moe")
+VLM_SUMMARY = ("optimum-intel's Qwen3_5OpenVINOConfig without its 5.2.99 cap, its language model traced with the "
+               "Qwen3.5 patcher's state holder for transformers 5.5 (Qwen3_5DynamicCache was removed), fed "
+               "inputs_embeds and the (4, batch, seq) M-RoPE positions, the interleaved M-RoPE traced as a "
+               "per-frequency axis selection instead of slice assignment")
+
+
+def _mrope_selection(rotary):
+    """(3, F) one-hot: which position axis (temporal, height, width) each rotary frequency takes, as
+    `apply_interleaved_mrope` interleaves them (frequency j of axis d for j in range(d, 3 * section[d], 3))."""
+    import torch
+
+    frequencies = rotary.inv_freq.shape[0]
+    axis = [0] * frequencies
+    for dim in (1, 2):
+        for j in range(dim, rotary.mrope_section[dim] * 3, 3):
+            axis[j] = dim
+    return torch.nn.functional.one_hot(torch.tensor(axis), 3).T.float()
+
+
+def _mrope(rotary, selection, x, position_ids):
+    """Qwen3.5's interleaved M-RoPE of `position_ids` (3, batch, seq): the frequencies of each axis multiplied by
+    their one-hot selection and summed over the axes (exactly transformers' values: one product is kept, the
+    others are zeros), with no slice assignment in the traced graph."""
+    import torch
+
+    if position_ids.ndim == 2:
+        position_ids = position_ids[None].expand(3, -1, -1)
+    freqs = position_ids[..., None].float() * rotary.inv_freq.float()  # (3, batch, seq, F)
+    freqs = (freqs * selection[:, None, None, :]).sum(0)
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return (emb.cos() * rotary.attention_scaling).to(x.dtype), (emb.sin() * rotary.attention_scaling).to(x.dtype)
+
+
+def _vlm_patcher_class() -> type:
+    from ._gated_delta_net import GatedDeltaNetCache
+
+    base = _patcher_class()
+
+    class Qwen3_5LanguagePatcher(base):
+        """The language model part of the multimodal model: `(inputs_embeds, attention_mask, cache_params,
+        position_ids) -> logits, states`, `position_ids` (4, batch, seq): text positions, then temporal,
+        height and width (optimum-intel's interface for this part, which OVModelForVisualCausalLM and
+        GenAI's VLMPipeline feed)."""
+
+        def _states_forward(self, inputs_embeds, attention_mask=None, cache_params=None, position_ids=None):
+            import torch  # noqa: F401
+
+            n_linear = self._layer_types.count("linear_attention")
+            n_full = self._layer_types.count("full_attention")
+            states = list(cache_params)
+            cache = GatedDeltaNetCache(
+                self._layer_types,
+                conv_states=states[0:2 * n_linear:2], recurrent_states=states[1:2 * n_linear:2],
+                key_cache=states[2 * n_linear::2][:n_full], value_cache=states[2 * n_linear + 1::2][:n_full],
+                attention_mask=attention_mask,
+            )
+            out = self._text_model(inputs_embeds=inputs_embeds, attention_mask=attention_mask,
+                                   position_ids=position_ids, past_key_values=cache, use_cache=True)
+            logits = self._model.lm_head(out.last_hidden_state)
+            present = [state for pair in zip(cache.conv_states, cache.recurrent_states) for state in pair]
+            return {"logits": logits, "present_key_values": present + cache.present_key_values()}
+
+        def patch_modules(self):
+            super(base, self).patch_modules()  # the gated-delta-net layers and MoE blocks, not the text rotary
+            rotary = self._text_model.rotary_emb
+            selection = _mrope_selection(rotary)
+            rotary._orig_forward = rotary.forward
+            rotary.forward = lambda x, position_ids: _mrope(rotary, selection, x, position_ids)
+
+        def restore_modules(self):
+            super(base, self).restore_modules()
+            rotary = self._text_model.rotary_emb
+            rotary.forward = rotary._orig_forward
+            del rotary._orig_forward
+
+    return Qwen3_5LanguagePatcher
+
+
+def vlm_export_config(base: type) -> type:
+    """optimum-intel's Qwen3.5 image-text-to-text config (dense or MoE) without its 5.2.99 cap, its language
+    model part traced with `Qwen3_5LanguagePatcher`; the vision parts as optimum-intel exports them."""
+    from optimum.exporters.openvino.model_configs import QwenVLConfigBehavior
+
+    language_patcher = _vlm_patcher_class()
+
+    def with_behavior(self, behavior):
+        part = base.with_behavior(self, behavior)
+        if behavior in (QwenVLConfigBehavior.LANGUAGE, QwenVLConfigBehavior.LANGUAGE.value):
+            part.patcher_cls = language_patcher
+            part.MAX_TRANSFORMERS_VERSION = None
+        return part
+
+    return type(base.__name__, (base,), {
+        "__doc__": f"{base.__name__} with a language model patcher for transformers 5.5 (see {__name__}).",
+        "MAX_TRANSFORMERS_VERSION": None,
+        "with_behavior": with_behavior,
+    })

@@ -11,14 +11,17 @@ from ._swap import replaced
 
 
 def task_registered(task: str, like: str, *, generic: str = "text-generation",
-                    loader: str = "AutoModelForCausalLM") -> list[str]:
+                    loader: str | None = "AutoModelForCausalLM") -> list[str]:
     """Register `task` for the rest of the process for every model type optimum-intel exports as `like`, with
     `like`'s export config; return those model types (in `TasksManager`'s order). Its model loader is `loader`
-    and its model class mappings are `generic`'s, in Optimum and in optimum-intel's `_HEAD_TO_AUTOMODELS`.
-    Entries already there are kept (`setdefault`), so a second call changes nothing."""
+    (None: `generic`'s) and its model class mappings are `generic`'s, in Optimum and in optimum-intel's
+    `_HEAD_TO_AUTOMODELS`. Entries already there are kept (`setdefault`), so a second call changes nothing."""
     from optimum.exporters.tasks import TasksManager
 
-    TasksManager._TRANSFORMERS_TASKS_TO_MODEL_LOADERS.setdefault(task, loader)
+    loaders = TasksManager._TRANSFORMERS_TASKS_TO_MODEL_LOADERS
+    loader = loader if loader is not None else loaders.get(generic)
+    if loader is not None:
+        loaders.setdefault(task, loader)
     mappings = getattr(TasksManager, "_TRANSFORMERS_TASKS_TO_MODEL_MAPPINGS", None)
     if isinstance(mappings, dict) and generic in mappings:
         mappings.setdefault(task, mappings[generic])

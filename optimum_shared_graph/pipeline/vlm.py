@@ -1,0 +1,373 @@
+"""`--task image-text-to-text-shared`: the whole vision-language model, its language model the one shared graph.
+
+optimum-intel's `image-text-to-text` export of a vision-language model writes one graph per part: for
+Qwen3.5 (`qwen3_5`, `qwen3_5_moe`) `openvino_language_model.xml` (the stateful decoder fed `inputs_embeds`,
+`attention_mask`, the (4, batch, seq) M-RoPE `position_ids` and `beam_idx`), `openvino_text_embeddings_model.xml`,
+`openvino_vision_embeddings_model.xml`, `openvino_vision_embeddings_merger_model.xml` and
+`openvino_vision_embeddings_pos_model.xml`: the layout `OVModelForVisualCausalLM` and OpenVINO GenAI's
+`VLMPipeline` load. This task writes that layout with optimum-intel's own export (its configs, its file
+names, its tokenizer conversion), and:
+
+1. the export config of the architecture fix (`architectures.<family>.vlm_export_config`) stands in for
+   optimum-intel's for the duration of the export (`vlm_fix_applied`), where optimum-intel's fails under the
+   installed transformers (Qwen3.5's language model patcher imports `Qwen3_5DynamicCache`, gone in 5.5);
+2. the language model is this package's graph: one stateful graph for prefill and decode whose `logits` are
+   `[batch, 1, vocab]` with `--logits last` (the default), sliced before the vocabulary projection
+   (`graph/logits.py`) as optimum-intel saves it, its weights written once;
+3. before optimum-intel converts the model it loaded, the PyTorch model's greedy `generate()` on an image and
+   a text prompt is recorded (`capture_reference`): the image embeddings, and every call of its language model
+   (the `inputs_embeds`, positions and mask it was fed, its last-position logits);
+4. validation (`validate_parts`): the vision graphs (run as `OVModelForVisualCausalLM` runs them) against
+   PyTorch's image embeddings, the text embeddings graph against PyTorch's embedding table, then the language
+   model graph fed what the OpenVINO parts computed (the prompt's text embeddings with the OpenVINO image
+   embeddings merged in at the image tokens, then each greedy token's OpenVINO embedding), judged against
+   PyTorch's logits with the rules of text-generation-shared's validation (`proof/judge.py`);
+5. the manifest (`task: image-text-to-text-shared`) and the artifact moved into place, as for a text model.
+
+The validation image needs no processor: its patches are drawn (seeded) in the processor's output layout and
+the prompt is built from the configuration's image token ids.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+from .. import progress
+from ..errors import ExportValidationError, InvalidOptionsError, ModelNotSupportedError
+from ..manifest import MANIFEST_NAME, Manifest, build_manifest
+from ..options import ExportOptions
+from ..registration import register_tasks
+from ..tasks import VLM_SHARED_TASK, VLM_TASK
+from . import convert, load, write
+
+LANGUAGE_XML = "openvino_language_model.xml"
+TEXT_EMBEDDINGS_XML = "openvino_text_embeddings_model.xml"
+# the (text) prompt around the validation image, and its image: 2 x 2 merged patches of a 4 x 4 patch grid
+_PROMPT_TOKENS = 8
+_IMAGE_GRID = (1, 4, 4)
+
+
+def vlm_fix_module(model_type: str):
+    """The architecture module whose `vlm_export_config` repairs `model_type`'s image-text-to-text export under
+    the installed transformers, or None."""
+    from packaging.specifiers import SpecifierSet
+    from packaging.version import Version
+    import transformers
+
+    from ..architectures import _load, fix_modules
+
+    version = Version(Version(transformers.__version__).base_version)
+    for name in fix_modules():
+        module = _load(name)
+        if model_type in getattr(module, "VLM_MODEL_TYPES", ()) and version in SpecifierSet(module.TRANSFORMERS):
+            return module
+    return None
+
+
+def supported_vlm_types() -> list[str]:
+    """The model types `--task image-text-to-text-shared` exports."""
+    from ..architectures import _load, fix_modules
+
+    return sorted(t for name in fix_modules() for t in getattr(_load(name), "VLM_MODEL_TYPES", ()))
+
+
+@contextlib.contextmanager
+def vlm_fix_applied(model_type: str):
+    """While active, optimum-intel's `image-text-to-text` export of `model_type` uses the fixed config; yields the
+    manifest's record of the fix (None: none applies). The swap is host/'s `export_configs_replaced`, which puts
+    the original entry back on exit."""
+    from ..architectures import Fix
+    from ..host import export_configs_replaced
+
+    module = vlm_fix_module(model_type)
+    if module is None:
+        yield None
+        return
+    with export_configs_replaced(model_type, (VLM_TASK,), module.vlm_export_config) as originals:
+        yield Fix(module.__name__, model_type, module.VLM_SUMMARY, module.TRANSFORMERS) if originals else None
+
+
+@dataclass
+class Reference:
+    """What PyTorch computed on the validation image and prompt."""
+
+    input_ids: np.ndarray  # (1, prompt)
+    attention_mask: np.ndarray
+    pixel_values: np.ndarray  # (patches, channels x temporal patch x patch x patch)
+    image_grid_thw: np.ndarray  # (1, 3)
+    image_embeds: np.ndarray  # (image tokens, hidden): the vision tower's output, merged
+    text_embeds: np.ndarray  # (1, prompt, hidden): the embedding table's rows of the prompt
+    calls: list[dict[str, np.ndarray]] = field(default_factory=list)  # each language model call's inputs, logits
+    tokens: list[int] = field(default_factory=list)  # generate()'s greedy picks
+    architecture: str = ""
+    notes: list[str] = field(default_factory=list)
+
+
+def validation_inputs(config, seed: int = 0) -> dict[str, Any]:
+    """A prompt with one image, as the processor gives it: text tokens, `<vision_start>`, one image token per
+    merged patch, `<vision_end>`, text tokens; the image's patches drawn from N(0, 1) (normalised pixels)."""
+    import torch
+
+    vision = config.vision_config
+    merge = vision.spatial_merge_size
+    t, h, w = _IMAGE_GRID[0], _IMAGE_GRID[1] * merge // 2, _IMAGE_GRID[2] * merge // 2
+    generator = torch.Generator().manual_seed(seed)
+    special = {config.image_token_id, config.video_token_id, config.vision_start_token_id, config.vision_end_token_id}
+    vocab = config.get_text_config().vocab_size
+    text = [int(i) for i in torch.randint(0, vocab, (4 * _PROMPT_TOKENS,), generator=generator) if int(i) not in special]
+    text = text[:_PROMPT_TOKENS]
+    n_image = t * h * w // merge ** 2
+    ids = text[:2] + [config.vision_start_token_id] + [config.image_token_id] * n_image + \
+        [config.vision_end_token_id] + text[2:]
+    input_ids = torch.tensor([ids])
+    patch = vision.in_channels * vision.temporal_patch_size * vision.patch_size ** 2
+    return {
+        "input_ids": input_ids,
+        "attention_mask": torch.ones_like(input_ids),
+        "mm_token_type_ids": (input_ids == config.image_token_id).int(),
+        "pixel_values": torch.randn(t * h * w, patch, generator=generator),
+        "image_grid_thw": torch.tensor([[t, h, w]]),
+    }
+
+
+def capture_reference(pt_model, new_tokens: int) -> Reference:
+    """PyTorch's greedy `generate()` on the validation image and prompt, each language model call recorded."""
+    import torch
+
+    config = pt_model.config
+    inputs = validation_inputs(config)
+    language = pt_model.model.language_model
+    calls: list[dict[str, np.ndarray]] = []
+
+    def before(module, args, kwargs):
+        calls.append({
+            "inputs_embeds": kwargs["inputs_embeds"].detach().float().numpy().copy(),
+            "attention_mask": kwargs["attention_mask"].detach().numpy().astype(np.int64).copy(),
+            "position_ids": kwargs["position_ids"].detach().numpy().astype(np.int64).copy(),
+        })
+
+    def after(module, args, output):
+        calls[-1]["logits"] = output[:, -1, :].detach().float().numpy().copy()
+
+    images: list[np.ndarray] = []
+
+    def vision(module, args, output):  # the vision tower's merged output, at the prefill
+        images.append(output.pooler_output.detach().float().numpy().copy())
+
+    hooks = [language.register_forward_pre_hook(before, with_kwargs=True),
+             pt_model.lm_head.register_forward_hook(after),
+             pt_model.model.visual.register_forward_hook(vision)]
+    try:
+        with torch.no_grad():  # the vision tower runs inside generate(), under the float32 compute of a 16-bit model
+            out = pt_model.generate(**inputs, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False,
+                                    num_beams=1, pad_token_id=0)
+            text = pt_model.get_input_embeddings().weight[inputs["input_ids"]].float().numpy()
+    finally:
+        for hook in hooks:
+            hook.remove()
+    image = np.concatenate(images, axis=0)
+    prompt = inputs["input_ids"].shape[1]
+    return Reference(
+        input_ids=inputs["input_ids"].numpy(), attention_mask=inputs["attention_mask"].numpy(),
+        pixel_values=inputs["pixel_values"].numpy(), image_grid_thw=inputs["image_grid_thw"].numpy(),
+        image_embeds=image, text_embeds=text, calls=calls, tokens=out[0, prompt:].tolist(),
+        architecture=type(pt_model).__name__,
+    )
+
+
+def validate_parts(directory: Path, reference: Reference, weight_format: str | None) -> dict:
+    """The exported parts in `directory` against PyTorch's `reference` (see the module docstring, item 4)."""
+    import openvino as ov
+    import torch
+    from optimum.intel import OVModelForVisualCausalLM
+
+    from ..proof.judge import RELATIVE_TOLERANCE, judge_logits, scaled_tolerance
+    from ..runtimes.session import EXACT_CONFIG
+
+    fmt = weight_format or _compressed_weights(directory / LANGUAGE_XML) or "fp32"
+    enforced = fmt in RELATIVE_TOLERANCE
+    parts = OVModelForVisualCausalLM.from_pretrained(directory, ov_config=dict(EXACT_CONFIG), compile=False)
+    core = ov.Core()
+    # the vision parts, run as OVModelForVisualCausalLM runs them
+    image = parts.get_vision_embeddings(torch.from_numpy(reference.pixel_values),
+                                        torch.from_numpy(reference.image_grid_thw))
+    image = np.asarray(image, dtype=np.float32)
+    text_model = core.compile_model(directory / TEXT_EMBEDDINGS_XML, "CPU", EXACT_CONFIG)
+    embed = lambda ids: text_model(ids)[0].astype(np.float32)  # noqa: E731
+    text = embed(reference.input_ids)
+    vision = {"image_tokens": int(image.shape[0]),
+              "max_abs_diff_image_embeds": float(np.max(np.abs(image - reference.image_embeds))),
+              "max_abs_diff_text_embeds": float(np.max(np.abs(text - reference.text_embeds)))}
+    # the language model fed what the OpenVINO parts computed: the prompt with the image merged in, then each pick
+    config = parts.config
+    prompt = text.copy()
+    prompt[reference.input_ids == config.image_token_id] = image
+    embeds = [prompt] + [embed(np.array([[token]])) for token in reference.tokens[: len(reference.calls) - 1]]
+    vision["max_abs_diff_merged_prompt"] = float(np.max(np.abs(prompt - reference.calls[0]["inputs_embeds"])))
+    del parts
+    compiled = core.compile_model(directory / LANGUAGE_XML, "CPU", EXACT_CONFIG)
+    request = compiled.create_infer_request()
+    request.reset_state()
+    names = {port.get_any_name() for port in compiled.inputs}
+    outputs = []
+    for call, inputs_embeds in zip(reference.calls, embeds):
+        feed = {"inputs_embeds": inputs_embeds, "attention_mask": call["attention_mask"],
+                "position_ids": call["position_ids"], "beam_idx": np.zeros(inputs_embeds.shape[0], dtype=np.int32)}
+        request.infer({k: v for k, v in feed.items() if k in names})
+        outputs.append(request.get_tensor("logits").data[:, -1, :].astype(np.float32).copy())
+    del request, compiled
+    logits = [call["logits"] for call in reference.calls]
+    tolerance = scaled_tolerance(fmt, logits) if enforced else None
+    judged, why = judge_logits(outputs, logits, tolerance)
+    differing = [{"step": d["step"], "pytorch": d["expected"], "openvino": d["got"], "pytorch_margin": d["margin"],
+                  "near_tie": d["near_tie"]} for d in judged.pop("differing_steps")]
+    # what the language model is fed is computed by the other parts: they are judged by the same tolerance
+    scale = max(1.0, float(np.max(np.abs(reference.image_embeds))))
+    if why is None and enforced and vision["max_abs_diff_image_embeds"] > RELATIVE_TOLERANCE[fmt] * scale:
+        why = (f"the image embeddings differ by {vision['max_abs_diff_image_embeds']:.2e} "
+               f"(tolerance {RELATIVE_TOLERANCE[fmt] * scale:.2e})")
+    report = {
+        "compile_config": dict(EXACT_CONFIG),
+        "run": {"mode": "whole", "parts": 1, "image": {"grid_thw": reference.image_grid_thw[0].tolist()}},
+        "prompt_tokens": int(reference.input_ids.shape[1]),
+        "decode_steps": len(reference.calls) - 1,
+        **judged,
+        "differing_steps": differing,
+        "vision": vision,
+        **({"notes": list(reference.notes)} if reference.notes else {}),
+        "enforced": enforced,
+        "status": "failed" if why else ("passed" if enforced else "recorded"),
+    }
+    if why:
+        raise ExportValidationError(
+            f"validation failed: the exported model does not reproduce {reference.architecture} on an image and a "
+            f"text prompt: {why}; nothing was written (report the model, or pass --skip-validation to keep an "
+            "unchecked artifact)", report=report)
+    return report
+
+
+def _compressed_weights(xml: Path) -> str | None:
+    """"int8" (or "int4") when optimum-intel compressed the graph's weights without being asked (its default for a
+    model over a billion parameters), else None: such a graph is recorded against PyTorch, not judged at fp32."""
+    import openvino as ov
+
+    kinds = {op.get_output_element_type(0).get_type_name() for op in ov.Core().read_model(xml).get_ops()
+             if op.get_type_name() == "Constant" and op.get_output_partial_shape(0).rank.get_length() >= 2}
+    if kinds & {"u4", "i4", "nf4", "f4e2m1"}:
+        return "int4"
+    return "int8" if kinds & {"u8", "i8"} else None
+
+
+class _VlmExport:
+    """The hooks on optimum-intel's export: the reference before conversion, the logits slice at save."""
+
+    def __init__(self, opts: ExportOptions):
+        self.opts = opts
+        self.reference: Reference | None = None
+        self.language_graphs = 0
+
+    def on_model(self, pt_model, convert_model, written_to: Path):
+        pt_model.eval()
+        if not self.opts.skip_validation:
+            progress.stage("recording generate()")
+            tokens = max(4, self.opts.validation_new_tokens or 8)
+            from .decompose import is_16bit
+
+            if is_16bit(pt_model):  # the graph computes in float32 with the 16-bit weights: so does the reference
+                from .reference import capture_fp32
+
+                # the decoder layers upcast one at a time; the vision tower (it reads its weights' dtype) held in
+                # float32 for the whole forward
+                self.reference, report = capture_fp32(pt_model, lambda: capture_reference(pt_model, tokens),
+                                                      whole_forward=("model.visual",))
+                if report.low_precision_inputs:
+                    self.reference.notes.append("validation reference computed with 16-bit activations into "
+                                                + ", ".join(sorted(report.low_precision_inputs)))
+            else:
+                self.reference = capture_reference(pt_model, tokens)
+        progress.stage("converting (optimum-intel)")
+        return convert_model()
+
+    def before_save(self, ov_model) -> None:
+        """The language model part (fed `inputs_embeds`, with `logits`) becomes the shared graph's form."""
+        from ..graph.kv_shapes import read_lengths_from_keys
+        from ..graph.logits import slice_logits
+
+        inputs = {name for port in ov_model.inputs for name in port.get_names()}
+        outputs = {name for port in ov_model.outputs for name in port.get_names()}
+        if "inputs_embeds" not in inputs or "logits" not in outputs:
+            return
+        self.language_graphs += 1
+        read_lengths_from_keys(ov_model)
+        if self.opts.logits == "last":
+            slice_logits(ov_model)
+
+
+def run_vlm_export(model: str, output_dir, opts: ExportOptions, *, raw_export: Callable[..., None],
+                   quantization: dict[str, Any] | None = None) -> Manifest:
+    """Export the vision-language model `model` into `output_dir` (module docstring); return the manifest."""
+    stages = ["loading", "recording generate()", "converting (optimum-intel)"]
+    stages += ([] if opts.skip_validation else ["validating"]) + ["writing"]
+    with progress.export_progress(stages, quiet=opts.quiet):
+        progress.stage("loading")
+        register_tasks()
+        if opts.is_static:
+            raise InvalidOptionsError(f"--task {VLM_SHARED_TASK} has no static shape mode yet: use --shape-mode dynamic")
+        output = Path(output_dir).absolute()
+        load.check_output(output)
+        config = load.load_config(model, opts)
+        model_type = getattr(config, "model_type", None)
+        if model_type not in supported_vlm_types():
+            raise ModelNotSupportedError(
+                f"{model_type} is not a model type --task {VLM_SHARED_TASK} exports (it exports "
+                f"{', '.join(supported_vlm_types())}); for a text-only export of its language model use "
+                "--task text-generation-shared")
+        weight_format = (quantization or {}).get("weight_format") or opts.weight_format
+        export = _VlmExport(opts)
+        with convert.staging(output) as staging:
+            raw = staging / "raw"
+            try:
+                with vlm_fix_applied(model_type) as fix, convert.one_model_load(
+                        export.on_model, load_error=lambda err: load.load_error(model, config, err),
+                        before_save=export.before_save):
+                    raw_export(model, raw, task=VLM_TASK)
+            except (ModelNotSupportedError, InvalidOptionsError, ExportValidationError):
+                raise
+            except (Exception, SystemExit) as err:  # optimum-intel reports with ValueError, RuntimeError, ...
+                first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+                raise ModelNotSupportedError(
+                    f"optimum-intel could not export {model_type} for {VLM_SHARED_TASK} (its {VLM_TASK} export"
+                    f"{', with ' + fix.module if fix else ''}): {first}") from err
+            if export.language_graphs != 1 or not (raw / LANGUAGE_XML).is_file():
+                raise ModelNotSupportedError(
+                    f"optimum-intel's {VLM_TASK} export of {model_type} wrote no language model graph fed "
+                    f"inputs_embeds ({LANGUAGE_XML}): {VLM_SHARED_TASK} cannot export it")
+            convert.return_freed_memory()
+            if export.reference is not None:
+                progress.stage("validating")
+                validation = validate_parts(raw, export.reference, weight_format)
+            else:
+                validation = {"status": "skipped", "reason": "--skip-validation"}
+            progress.stage("writing")
+            import openvino as ov
+
+            graphs = sorted(p.name for p in raw.glob("openvino_*.xml")
+                            if p.name not in ("openvino_tokenizer.xml", "openvino_detokenizer.xml"))
+            files = [LANGUAGE_XML] + [g for g in graphs if g != LANGUAGE_XML]
+            language = ov.Core().read_model(raw / LANGUAGE_XML)
+            extra = {"fixes": [fix.record()]} if fix is not None else {}
+            manifest = build_manifest(partitioning="shared", config=config, source=model, opts=opts, decoder=language,
+                                      files=files, quantization=quantization, graph_task=VLM_TASK, model_extra=extra)
+            del language
+            manifest.task = VLM_SHARED_TASK
+            manifest.graph["language_model"] = LANGUAGE_XML
+            manifest.validation = validation
+            write.write_artifact(raw, staging / "final", {g: None for g in files}, manifest)
+            write.move_into_place(staging / "final", output)
+        manifest.path = output / MANIFEST_NAME
+        return manifest

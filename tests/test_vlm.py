@@ -1,0 +1,291 @@
+"""`--task image-text-to-text-shared` (`pipeline/vlm.py`): the whole Qwen3.5 model in optimum-intel's VLM layout.
+
+The checkpoints are laid out like the published ones, with their processor (`testing.build_tiny_multimodal(...,
+processor=True)`: image processor, tokenizer with the image tokens, chat template), so a real image (a small
+generated PIL image) and a text prompt go through PyTorch, OpenVINO GenAI's `VLMPipeline` and optimum-intel's
+`OVModelForVisualCausalLM`. Greedy tokens are compared under f32 properties with EOS disabled on both sides.
+
+optimum-intel 2.2's `_OVQwen3_5ForCausalLM.generate()` cannot run under transformers 5.5 (its
+`prepare_inputs_for_generation` indexes a `cache_position` 5.5's `generate()` no longer passes, and its position
+ids call 5.5's `get_rope_index` without the `mm_token_type_ids` it now requires), so the OVModelForVisualCausalLM
+check drives the loaded model's own `forward()` greedily, with the (4, batch, seq) positions PyTorch starts from.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import EXACT, run_cli, run_cli_in_process
+
+from optimum_shared_graph import read_manifest
+
+NEW_TOKENS = 12
+# A random-init model's greedy tokens follow its last input token more than anything before it, and every prompt
+# ends with the chat template's `<|im_start|>assistant`: on this prompt the two images below give PyTorch greedy
+# tokens that differ (from the first token, for both types), so each consumer's tokens show it ran the image, not
+# only the text (checked in each test)
+PROMPT = "hello"
+IMAGES = ("noise", "white")
+# optimum-intel's image-text-to-text layout for Qwen3.5 (what OVModelForVisualCausalLM and VLMPipeline load)
+GRAPHS = ["openvino_language_model.xml", "openvino_text_embeddings_model.xml", "openvino_vision_embeddings_merger_model.xml",
+          "openvino_vision_embeddings_model.xml", "openvino_vision_embeddings_pos_model.xml"]
+
+
+@pytest.fixture(scope="module")
+def vlm(tmp_path_factory):
+    """`vlm("qwen3_5")` -> (checkpoint, artifact): a tiny checkpoint with its processor, exported once by the CLI."""
+    from optimum_shared_graph.testing import build_tiny_multimodal
+
+    built = {}
+
+    def get(model_type: str):
+        if model_type not in built:
+            root = tmp_path_factory.mktemp("vlm")
+            build_tiny_multimodal(model_type, root / model_type, processor=True)
+            out = root / "out"
+            proc = run_cli("export", "openvino", "-m", str(root / model_type), "--task", "image-text-to-text-shared",
+                           str(out))
+            assert proc.returncode == 0, proc.stderr[-3000:]
+            built[model_type] = (root / model_type, out, proc)
+        return built[model_type]
+
+    return get
+
+
+def _image(kind: str):
+    """A 64 x 64 image (4 x 4 patches of 16, 4 image tokens): random pixels, or all white."""
+    from PIL import Image
+
+    if kind == "white":
+        return Image.new("RGB", (64, 64), (255, 255, 255))
+    return Image.fromarray((np.random.RandomState(0).rand(64, 64, 3) * 255).astype("uint8"))
+
+
+def _pytorch(path):
+    """The model, and per image: the processor's inputs, PyTorch's greedy new tokens and its prefill's last logits."""
+    from transformers import AutoModelForImageTextToText, AutoProcessor
+
+    processor = AutoProcessor.from_pretrained(path)
+    conversation = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": PROMPT}]}]
+    text = processor.apply_chat_template(conversation, add_generation_prompt=True)
+    model = AutoModelForImageTextToText.from_pretrained(path, dtype=torch.float32).eval()
+    runs = {}
+    for kind in IMAGES:
+        enc = processor(images=_image(kind), text=text, return_tensors="pt")
+        with torch.no_grad():
+            out = model.generate(**enc, max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, do_sample=False,
+                                 pad_token_id=0, output_logits=True, return_dict_in_generate=True)
+        runs[kind] = (enc, out.sequences[0, enc["input_ids"].shape[1]:].tolist(), out.logits[0][0].numpy())
+    assert runs["noise"][1] != runs["white"][1]  # the image decides some tokens: each consumer must have run it
+    return model, runs
+
+
+def _genai_tokens(out, kind: str) -> list[int]:
+    import openvino as ov
+    import openvino_genai as ov_genai
+
+    class Tokens(ov_genai.StreamerBase):
+        def __init__(self):
+            super().__init__()
+            self.tokens = []
+
+        def write(self, token):
+            self.tokens.extend(token if isinstance(token, list) else [token])
+            return ov_genai.StreamingStatus.RUNNING
+
+        def end(self):
+            pass
+
+    pipe = ov_genai.VLMPipeline(str(out), "CPU", **EXACT)
+    config = ov_genai.GenerationConfig(max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, ignore_eos=True)
+    streamer = Tokens()
+    pipe.generate(PROMPT, images=[ov.Tensor(np.array(_image(kind)))], generation_config=config, streamer=streamer)
+    return streamer.tokens
+
+
+def _optimum_tokens(ov_model, enc, model) -> tuple[list[int], np.ndarray]:
+    """OVModelForVisualCausalLM's own forward(), greedy (see the module docstring for why not its generate()): the
+    tokens, and the prefill's last logits."""
+    vision, deltas = model.model.get_rope_index(enc["input_ids"], enc["mm_token_type_ids"],
+                                                image_grid_thw=enc["image_grid_thw"],
+                                                attention_mask=enc["attention_mask"])
+    positions = torch.cat([(enc["attention_mask"].cumsum(-1) - 1)[None], vision], 0)
+    mask, prompt = enc["attention_mask"], enc["input_ids"].shape[1]
+    result = ov_model(input_ids=enc["input_ids"], pixel_values=enc["pixel_values"], attention_mask=mask,
+                      position_ids=positions, image_grid_thw=enc["image_grid_thw"])
+    eos = model.generation_config.eos_token_id
+    eos = [eos] if isinstance(eos, int) else list(eos or [])
+
+    def pick(logits):  # greedy, EOS suppressed as PyTorch's min_new_tokens does
+        logits = logits.clone()
+        logits[eos] = -float("inf")
+        return int(logits.argmax())
+
+    prefill = result.logits[0, -1].numpy().copy()
+    tokens = [pick(result.logits[0, -1])]
+    for step in range(1, NEW_TOKENS):
+        mask = torch.cat([mask, torch.ones(1, 1, dtype=mask.dtype)], 1)
+        text = prompt + step - 1
+        positions = torch.tensor([text] + [text + int(deltas[0, 0])] * 3).view(4, 1, 1)
+        result = ov_model(input_ids=torch.tensor([[tokens[-1]]]), past_key_values=result.past_key_values,
+                          attention_mask=mask, position_ids=positions)
+        tokens.append(pick(result.logits[0, -1]))
+    return tokens, prefill
+
+
+def _check_artifact(path, out, proc):
+    import openvino as ov
+
+    said = proc.stderr.strip().splitlines()[-1]
+    assert said.startswith(f"image-text-to-text-shared: wrote {out} (shared; dynamic, logits=last, stateful=True); "
+                           "validation: passed (greedy"), said
+    graphs = sorted(p.name for p in out.glob("openvino_*.xml") if "tokenizer" not in p.name)
+    assert graphs == GRAPHS
+    assert (out / "openvino_tokenizer.xml").is_file() and (out / "openvino_detokenizer.xml").is_file()
+    manifest = read_manifest(out)
+    source = json.loads((path / "config.json").read_text())
+    assert manifest.task == "image-text-to-text-shared" and manifest.partitioning == "shared"
+    assert manifest.model["model_type"] == source["model_type"]
+    assert manifest.model["fixes"][0]["fix"] == "optimum_shared_graph.architectures.qwen3_5"
+    assert manifest.graph["files"][0] == manifest.graph["language_model"] == "openvino_language_model.xml"
+    validation = manifest.validation
+    assert validation["status"] == "passed" and validation["greedy_match"], validation
+    assert validation["vision"]["image_tokens"] == 4 and validation["vision"]["max_abs_diff_image_embeds"] < 1e-4
+    # the language model: one stateful graph fed inputs_embeds and (4, batch, seq) positions, last-position logits
+    language = ov.Core().read_model(out / "openvino_language_model.xml")
+    inputs = {p.get_any_name(): p.get_partial_shape() for p in language.inputs}
+    assert sorted(inputs) == ["attention_mask", "beam_idx", "inputs_embeds", "position_ids"]
+    assert str(inputs["position_ids"]) == "[4,?,?]"
+    assert [p.get_any_name() for p in language.outputs] == ["logits"]
+    assert str(language.outputs[0].get_partial_shape()) == f"[?,1,{source['text_config']['vocab_size']}]"
+    assert language.get_sinks()  # its states inside the graph
+    # weights stored once: the graphs hold no more than the checkpoint's float32 weights
+    checkpoint = sum(p.stat().st_size for p in path.glob("*.safetensors"))
+    assert sum(p.stat().st_size for p in out.glob("openvino_*model.bin")) <= 1.02 * checkpoint
+
+
+@pytest.mark.slow  # about 55 s each (an export through optimum-cli, PyTorch, VLMPipeline)
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("model_type", ["qwen3_5", "qwen3_5_moe"])
+def test_image_prompt_greedy_parity_through_genai(model_type, vlm):
+    """The export, its layout and manifest, and VLMPipeline's greedy tokens on an image and a text prompt."""
+    path, out, proc = vlm(model_type)
+    _check_artifact(path, out, proc)
+    _model, runs = _pytorch(path)
+    for kind, (_enc, reference, _logits) in runs.items():
+        assert _genai_tokens(out, kind) == reference, kind
+
+
+@pytest.mark.slow  # the export of the test above (shared by the module's fixture), then about 5 s
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("model_type", ["qwen3_5", "qwen3_5_moe"])
+def test_image_prompt_greedy_parity_through_optimum(model_type, vlm):
+    from optimum.intel import OVModelForVisualCausalLM
+
+    path, out, _proc = vlm(model_type)
+    model, runs = _pytorch(path)
+    ov_model = OVModelForVisualCausalLM.from_pretrained(out, ov_config=EXACT)
+    for kind, (enc, reference, logits) in runs.items():
+        tokens, prefill = _optimum_tokens(ov_model, enc, model)
+        assert tokens == reference, kind
+        assert np.max(np.abs(prefill - logits)) < 1e-4, kind
+
+
+def test_type_it_cannot_export_is_refused_before_any_work(tmp_path, capsys):
+    """A vision-language type with no image-text-to-text-shared export yet: one line at stage 1, nothing written
+    (optimum-cli's entry point run in this process: no fresh interpreter's imports)."""
+    from optimum_shared_graph.testing import tiny_multimodal_config
+
+    model = tmp_path / "gemma3"
+    tiny_multimodal_config("gemma3").save_pretrained(str(model))
+    out = tmp_path / "out"
+    with pytest.raises(AssertionError, match="exited with 2"):
+        run_cli_in_process("export", "openvino", "-m", str(model), "--task", "image-text-to-text-shared", str(out))
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error: ")]
+    assert len(lines) == 1
+    assert "gemma3 is not a model type --task image-text-to-text-shared exports (it exports qwen3_5, qwen3_5_moe)" \
+        in lines[0]
+    assert not out.exists() and not [p for p in tmp_path.iterdir() if p.name.endswith(".partial")]
+
+
+def test_mrope_is_transformers_interleaved_mrope():
+    """The M-RoPE the language model is traced with (`architectures/qwen3_5.py`) gives transformers' cos and sin,
+    with temporal, height and width positions that differ (image tokens), as the release's sections interleave them."""
+    from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5TextRotaryEmbedding
+
+    from optimum_shared_graph.architectures.qwen3_5 import _mrope, _mrope_selection
+    from optimum_shared_graph.testing import tiny_config
+
+    for section, head_dim in (([1, 1, 0], 16), ([11, 11, 10], 256)):  # the tiny model's and the release's
+        config = tiny_config("qwen3_5_text", head_dim=head_dim)
+        config.rope_parameters = dict(config.rope_parameters, mrope_section=section)
+        rotary = Qwen3_5TextRotaryEmbedding(config)
+        positions = torch.randint(0, 300, (3, 2, 7))
+        x = torch.zeros(1, dtype=torch.float32)
+        expected = rotary(x, positions)
+        got = _mrope(rotary, _mrope_selection(rotary), x, positions)
+        for e, g in zip(expected, got):
+            assert torch.equal(e, g), section
+
+
+def test_registered_and_fix_swapped_in_for_one_export():
+    """`image-text-to-text-shared` sits beside optimum-intel's `image-text-to-text` in TasksManager; the fixed
+    config stands in for optimum-intel's only inside `vlm_fix_applied`, its language part with the 5.5 patcher."""
+    from optimum.exporters.tasks import TasksManager
+
+    from optimum_shared_graph.pipeline.vlm import vlm_fix_applied
+    from optimum_shared_graph.registration import register_tasks
+    from optimum_shared_graph.testing import tiny_multimodal_config
+
+    register_tasks()
+    for model_type in ("qwen3_5", "qwen3_5_moe"):
+        entries = TasksManager._SUPPORTED_MODEL_TYPE[model_type]["openvino"]
+        assert "image-text-to-text-shared" in entries
+        original = entries["image-text-to-text"]
+        with vlm_fix_applied(model_type) as fix:
+            assert fix.module == "optimum_shared_graph.architectures.qwen3_5"
+            config = entries["image-text-to-text"](tiny_multimodal_config(model_type))
+            assert config.MAX_TRANSFORMERS_VERSION is None
+            assert config.with_behavior("language").patcher_cls.__name__ == "Qwen3_5LanguagePatcher"
+        assert entries["image-text-to-text"] is original
+
+
+@pytest.mark.slow  # the export of the tests above (the module's fixture), then about 5 s
+@pytest.mark.timeout(900)
+def test_validation_refuses_a_language_model_that_ignores_the_image_positions(vlm, tmp_path):
+    """The export's check of the language model is decisive for the M-RoPE: the artifact's graph fed the text
+    positions on all three M-RoPE axes (a language model that ignores where the image's patches are, as a text-only
+    rotary would) is refused against the PyTorch reference, which the unchanged graph passes."""
+    import shutil
+
+    import openvino as ov
+    import openvino.opset13 as ops
+    from transformers import AutoModelForImageTextToText
+
+    from optimum_shared_graph import ExportValidationError
+    from optimum_shared_graph.pipeline.vlm import LANGUAGE_XML, capture_reference, validate_parts
+
+    path, out, _proc = vlm("qwen3_5")
+    model = AutoModelForImageTextToText.from_pretrained(path, dtype=torch.float32).eval()
+    reference = capture_reference(model, 4)
+    assert validate_parts(out, reference, None)["status"] == "passed"
+
+    broken = tmp_path / "broken"
+    shutil.copytree(out, broken)
+    graph = ov.Core().read_model(broken / LANGUAGE_XML)
+    positions = next(p for p in graph.inputs if p.get_any_name() == "position_ids")
+    readers = list(positions.get_target_inputs())  # before the gather below becomes one
+    text = ops.gather(positions.get_node().output(0), ops.constant(np.array([0, 0, 0, 0])), ops.constant(0))
+    for target in readers:
+        target.replace_source_output(text.output(0))
+    graph.validate_nodes_and_infer_types()
+    ov.save_model(graph, broken / "staged.xml", compress_to_fp16=False)
+    del graph
+    for suffix in (".xml", ".bin"):
+        shutil.move(broken / f"staged{suffix}", broken / LANGUAGE_XML.replace(".xml", suffix))
+    with pytest.raises(ExportValidationError, match="does not reproduce Qwen3_5ForConditionalGeneration"):
+        validate_parts(broken, reference, None)

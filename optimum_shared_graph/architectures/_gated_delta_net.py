@@ -50,6 +50,22 @@ class GatedDeltaNetCache(AttentionStates):
         linear = layers_of(layer_types, "linear_attention")
         self.linear_attn_mapping = {layer: n for n, layer in enumerate(linear)}
 
+    @classmethod
+    def from_graph_states(cls, layer_types: list[str], cache_params, attention_mask: Any = None) -> "GatedDeltaNetCache":
+        """The cache over the graph's flat state inputs: each linear-attention layer's convolution and recurrent
+        states in turn, then the full-attention layers' keys and values in turn."""
+        n_linear = layer_types.count("linear_attention")
+        n_full = layer_types.count("full_attention")
+        states = list(cache_params)
+        return cls(layer_types, conv_states=states[0:2 * n_linear:2], recurrent_states=states[1:2 * n_linear:2],
+                   key_cache=states[2 * n_linear::2][:n_full], value_cache=states[2 * n_linear + 1::2][:n_full],
+                   attention_mask=attention_mask)
+
+    def graph_states(self) -> list[Any]:
+        """The states as the graph outputs them, in `from_graph_states`' order."""
+        linear = [state for pair in zip(self.conv_states, self.recurrent_states) for state in pair]
+        return linear + self.present_key_values()
+
 
 def linear_attention_forward(layer, recurrent_forward: Callable) -> Callable:
     """`layer`'s forward under transformers 5.5: padding zeroed from the graph's mask, then optimum-intel's recurrent form.
@@ -119,21 +135,12 @@ def patcher_class() -> type:
             self.positions = None
             if cache_params is None:
                 return self._logits_only(input_ids, attention_mask)
-            n_linear = self._layer_types.count("linear_attention")
-            n_full = self._layer_types.count("full_attention")
-            states = list(cache_params)
-            cache = GatedDeltaNetCache(
-                self._layer_types,
-                conv_states=states[0:2 * n_linear:2], recurrent_states=states[1:2 * n_linear:2],
-                key_cache=states[2 * n_linear::2][:n_full], value_cache=states[2 * n_linear + 1::2][:n_full],
-                attention_mask=attention_mask,
-            )
+            cache = GatedDeltaNetCache.from_graph_states(self._layer_types, cache_params, attention_mask)
             past = cache.get_seq_length()
             self.positions = torch.arange(past, past + input_ids.shape[1], dtype=torch.int64).unsqueeze(0)
             out = self.model_orig_forward(input_ids=input_ids, attention_mask=attention_mask,
                                           position_ids=self.positions, past_key_values=cache, use_cache=True)
-            present = [state for pair in zip(cache.conv_states, cache.recurrent_states) for state in pair]
-            return {"logits": out.logits, "present_key_values": present + cache.present_key_values()}
+            return {"logits": out.logits, "present_key_values": cache.graph_states()}
 
         def patch_modules(self):
             moe_classes = self.sparse_moe_classes()

@@ -159,20 +159,11 @@ def _vlm_patcher_class() -> type:
         def _states_forward(self, inputs_embeds, attention_mask=None, cache_params=None, position_ids=None):
             import torch  # noqa: F401
 
-            n_linear = self._layer_types.count("linear_attention")
-            n_full = self._layer_types.count("full_attention")
-            states = list(cache_params)
-            cache = GatedDeltaNetCache(
-                self._layer_types,
-                conv_states=states[0:2 * n_linear:2], recurrent_states=states[1:2 * n_linear:2],
-                key_cache=states[2 * n_linear::2][:n_full], value_cache=states[2 * n_linear + 1::2][:n_full],
-                attention_mask=attention_mask,
-            )
+            cache = GatedDeltaNetCache.from_graph_states(self._layer_types, cache_params, attention_mask)
             out = self._text_model(inputs_embeds=inputs_embeds, attention_mask=attention_mask,
                                    position_ids=position_ids, past_key_values=cache, use_cache=True)
             logits = self._model.lm_head(out.last_hidden_state)
-            present = [state for pair in zip(cache.conv_states, cache.recurrent_states) for state in pair]
-            return {"logits": logits, "present_key_values": present + cache.present_key_values()}
+            return {"logits": logits, "present_key_values": cache.graph_states()}
 
         def patch_modules(self):
             super(base, self).patch_modules()  # the gated-delta-net layers and MoE blocks, not the text rotary

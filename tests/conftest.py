@@ -21,8 +21,14 @@ def sixteen_bit() -> dict:
     """CPU properties that force reduced precision on this host, whatever its CPU: 16-bit compute (bf16 where the
     CPU has bf16 units, else f16 where it has f16 units), else an 8-bit KV cache, which every x86 CPU runs. The
     precision-dependent checks run under these as well as under the defaults, so a host whose default is f32 still
-    exercises the margins' judgement that a host with bf16 units needs."""
+    exercises the margins' judgement that a host with bf16 units needs. `SHARED_GRAPH_TEST_REDUCED=KEY=VALUE`
+    picks the properties instead (`KV_CACHE_PRECISION=u8`: what a CPU without 16-bit units gets)."""
     import openvino as ov
+
+    chosen = os.environ.get("SHARED_GRAPH_TEST_REDUCED")
+    if chosen:
+        key, _, value = chosen.partition("=")
+        return {key: value}
 
     capabilities = ov.Core().get_property("CPU", "OPTIMIZATION_CAPABILITIES")
     if "BF16" in capabilities:

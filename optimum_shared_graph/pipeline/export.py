@@ -2,22 +2,22 @@
 
 `run_export()` is shared by the CLI and the Python API. It runs, in order:
 
-1. load (`load.py`): check the output directory and the model's config, before any work; for a multimodal
-   checkpoint (`multimodal.py`), its language model is what the next stages export, with its own config;
-   whether the validation fits in the memory available (`memory.py`: it chooses how many calls are captured);
-2. decompose (`decompose.py`): record the prefill and decode calls `generate()` makes, and check that
-   one graph can serve both (or find the reason it cannot: then the fallback, `fallback.py`);
-3. convert (`convert.py`): optimum-intel's own export into a staging directory, with the both-stage
-   calibration hooks of `quantization/` when a data-aware quantization is asked for;
-4. static trace (`static.py`, `--shape-mode static` only): the static graph replaces optimum-intel's;
+1. plan (`plan.py`): every check that needs no weights and every fact the later stages read, decided once in a
+   frozen `Plan` (the output directory, the config, a multimodal checkpoint's language model, static shapes, the
+   weight format, calibrating or not, the validation's size, a vision-language model's fallback);
+2. capture and 3. convert, in `hand_over_to_optimum_intel()`: optimum-intel's own export into a staging directory
+   (`convert.py`), which loads the model once and calls back into this package: the capture of the prefill and
+   decode calls `generate()` makes, checking one graph can serve both (`decompose.py`, or the fallback,
+   `fallback.py`), before its conversion; the both-stage calibration hooks of `quantization/`; the graph edits
+   before it saves;
+4. static graph (`static.py`, `--shape-mode static` only): traced on the same model right after its conversion
+   (inside the hand-over), then quantized as the flags ask, replacing optimum-intel's graph;
 5. validate (`validate.py`): the graph against the captured calls;
 6. write (`write.py`): the manifest, the rt_info, the file hashes; the artifact moved into place, its
    `config.json` completed with what OpenVINO consumers read and the model's config lacks (`consumer_config.py`).
 
-The model is loaded once, by optimum-intel's export in stage 3, in the dtype optimum-intel picks: it
-hands the model over (`convert.one_model_load`) and stages 2 and 4 run on it before and after its
-conversion. optimum-intel frees it once converted, so the graph is compiled for validation with no
-PyTorch weights in memory. A failure at any stage leaves the output directory as it was.
+optimum-intel frees the model once converted, so the graph is compiled for validation with no PyTorch weights
+in memory. A failure at any stage leaves the output directory as it was.
 """
 
 from __future__ import annotations
@@ -32,11 +32,11 @@ from ..errors import DecompositionError, ExportValidationError
 from ..manifest import MANIFEST_NAME, Manifest
 from ..options import ExportOptions
 from ..quantization.both_stages import both_stage_quantization
-from ..quantization.calibration import CalibrationReport, is_data_aware
-from ..quantization.static import check_static_quantization, plan_static_quantization
-from ..registration import register_tasks, supported_model_types
+from ..quantization.calibration import CalibrationReport
+from ..registration import supported_model_types
 from ..tasks import BASE_TASK
-from . import consumer_config, convert, fallback, load, memory, multimodal, write
+from . import consumer_config, convert, fallback, load, multimodal, write
+from .plan import Plan, make_plan
 from .decompose import decompose_model, release_pytorch, save_exported_model
 
 # optimum-intel's export of a model path into a directory (the CLI passes optimum-intel's own command,
@@ -67,107 +67,97 @@ def run_export(
     stages = ["loading", "decomposing generate()", "converting (optimum-intel)"]
     stages += (["static graph"] if opts.is_static else []) + ([] if opts.skip_validation else ["validating"])
     with progress.export_progress(stages + ["writing"], quiet=opts.quiet):
-        # 1. load: every check that needs no weights comes before optimum-intel loads the model
+        # 1. plan: every check that needs no weights, every fact the later stages read
         progress.stage("loading")
-        register_tasks()
-        output = Path(output_dir).absolute()
-        load.check_output(output)
-        config = load.load_config(model, opts)
-        # a multimodal checkpoint (Qwen3.5): its language model is what gets exported, with its own config
-        language = multimodal.plan(config)
-        if language is not None:
-            multimodal.check_weights(model, language)
-            config = language.config
-        static, static_plan = None, None
-        if opts.is_static:
-            from .static_shapes import resolve_static_shapes
-
-            static = resolve_static_shapes(config, opts)
-            cli_config = quantization_config() if quantization_config is not None else None
-            if cli_config is not None:  # the CLI's quantization flags, as optimum-intel reads them
-                check_static_quantization(static, opts.calibration_decode_steps, cli_config)
-            static_plan = plan_static_quantization(
-                static, opts, calibrating=opts.quantization_config is not None or is_data_aware(cli_config))
-        weight_format = (quantization or {}).get("weight_format") or opts.weight_format
-        opts = memory.plan_validation(model, config, opts, weight_format)  # fits? how many calls? before any work
-        export = _Export(model, config, opts, static, static_plan, weight_format)
-        if static_plan is not None:
-            export.calibrating = static_plan.calibrating
-        elif opts.quantization_config is not None:
-            export.calibrating = is_data_aware(opts.quantization_config)
-        elif quantization_config is not None and (quantization or {}).get("dataset") is not None:
-            export.calibrating = is_data_aware(quantization_config())  # data-aware needs a dataset
-        if fallback.is_vision_language(config):  # no causal LM to decompose: optimum-intel's own partitioning
-            export.fallback(fallback.vision_language_reason(config))
-
-        with convert.staging(output) as staging:
-            raw, calibration = staging / "raw", CalibrationReport()
-            export.staging = staging
-
-            # 2. decompose, 3. convert and 4. static trace, on the one model optimum-intel loads
-            def hooks():
-                stack = contextlib.ExitStack()
-                stack.enter_context(convert.one_model_load(export.on_model, load_error=export.load_error,
-                                                           before_save=export.before_save,
-                                                           load_kwargs=language.load_kwargs if language else None))
-                stack.enter_context(multimodal.left_out_unreported(language))
-                stack.enter_context(both_stage_quantization(opts.calibration_decode_steps, calibration, static=static_plan))
-                return stack
-
-            source, exported_type = model, config.model_type
-            if language is not None:  # transformers loads the language model alone from the checkpoint's files
-                source = str(multimodal.text_view(model, language, staging / "text"))
-            if export.reason is None and config.model_type not in supported_model_types():
-                # a remote-code wrapper of a type optimum-intel does not export: loaded here, once, to find the
-                # inner causal LM its generate() drives, which is saved and exported instead (the wrapper freed)
-                source, exported_type = export.decompose_wrapper(load.load_model(model, config, opts))
-            task = BASE_TASK if export.reason is None else fallback.fallback_task(config)
-            validating = not opts.skip_validation and export.reason is None
-            try:
-                lifted, fix = convert.convert(raw_export, source, raw, task=task, exported_type=exported_type,
-                                              validating=validating, fallback_reason=export.reason, hooks=hooks(),
-                                              static=static_plan)
-            except convert.InnerModelExport as inner:  # generate() drives an inner causal LM: export that one
-                export.inner = True
-                lifted, fix = convert.convert(raw_export, str(inner.directory), raw, task=BASE_TASK,
-                                              exported_type=export.capture.exported.config.model_type,
-                                              validating=validating, fallback_reason=None, hooks=hooks(),
-                                              static=static_plan)
-            if lifted is not None and export.capture is not None:
-                export.capture.notes.append(lifted.note)
+        plan = make_plan(model, output_dir, opts, quantization=quantization, quantization_config=quantization_config)
+        export = _Export(plan)
+        if plan.fallback_reason is not None:  # no causal LM to decompose: optimum-intel's own partitioning
+            export.fallback(plan.fallback_reason)
+        with convert.staging(plan.output) as staging:
+            export.staging, raw, calibration = staging, staging / "raw", CalibrationReport()
+            # 2. capture and 3. convert (and 4's trace), in the hand-over to optimum-intel's export
+            lifted, fix = hand_over_to_optimum_intel(plan, export, raw_export, raw, calibration)
             convert.return_freed_memory()  # the PyTorch model is gone: give its pages back before compiling
-            if static is not None:
+            if plan.static is not None:  # 4. the static graph quantized as asked, optimum-intel's graph dropped
                 from .static import finish_static_graph
 
-                finish_static_graph(raw, static_plan, opts)
-
-            # what OpenVINO consumers' loaders read from config.json and the model's config lacks
-            extra = {"config_added": added} if (added := consumer_config.complete(raw)) else {}
-            if language is not None:
-                extra.update(language.manifest_facts())
-
+                finish_static_graph(raw, plan.static_plan, plan.opts)
             # 5. validate and 6. write
-            try:
-                manifest = write.finish(raw, staging / "final", config, export.capture, export.reason, opts, model,
-                                        quantization, calibration, fix=fix,
-                                        model_extra=extra)
-            except ExportValidationError as err:
-                if lifted is not None:
-                    raise ExportValidationError(f"{err}; {lifted.refusal}", report=err.report) from err
-                raise
-            write.move_into_place(staging / "final", output)
-        manifest.path = output / MANIFEST_NAME
+            manifest = _validate_and_write(plan, export, raw, staging / "final", quantization, calibration, fix, lifted)
+            write.move_into_place(staging / "final", plan.output)
+        manifest.path = plan.output / MANIFEST_NAME
         return manifest
 
 
-class _Export:
-    """What stages 2 and 4 learn from the model optimum-intel loads: the capture, or the fallback reason."""
+def hand_over_to_optimum_intel(plan: Plan, export: "_Export", raw_export: RawExport, raw: Path, calibration):
+    """Stages 2 to 4 on the one model optimum-intel loads: its export runs into `raw` with this package's hooks
+    (`convert.one_model_load`: the capture before its conversion, the static trace after, the graph edits before
+    it saves; the both-stage calibration; a multimodal checkpoint's left-out weights unreported). Returns the
+    lifted transformers cap (or None) and the architecture fix it ran with (or None).
 
-    def __init__(self, model: str, config, opts: ExportOptions, static, static_plan, weight_format):
-        self.model, self.config, self.opts = model, config, opts
-        self.static, self.static_plan, self.weight_format = static, static_plan, weight_format
+    The one place optimum-intel's export calls back into the package: it loads the model, so the stages that need
+    the model run inside its conversion. A wrapper whose `generate()` drives an inner causal LM has that inner
+    model saved and exported instead (a second export, `convert.InnerModelExport`)."""
+    language, opts = plan.language, plan.opts
+
+    def hooks():
+        stack = contextlib.ExitStack()
+        stack.enter_context(convert.one_model_load(export.on_model, load_error=export.load_error,
+                                                   before_save=export.before_save,
+                                                   load_kwargs=language.load_kwargs if language else None))
+        stack.enter_context(multimodal.left_out_unreported(language))
+        stack.enter_context(both_stage_quantization(opts.calibration_decode_steps, calibration, static=plan.static_plan))
+        return stack
+
+    source, exported_type = plan.model, plan.config.model_type
+    if language is not None:  # transformers loads the language model alone from the checkpoint's files
+        source = str(multimodal.text_view(plan.model, language, export.staging / "text"))
+    if export.reason is None and plan.config.model_type not in supported_model_types():
+        # a remote-code wrapper of a type optimum-intel does not export: loaded here, once, to find the
+        # inner causal LM its generate() drives, which is saved and exported instead (the wrapper freed)
+        source, exported_type = export.decompose_wrapper(load.load_model(plan.model, plan.config, opts))
+    task = BASE_TASK if export.reason is None else fallback.fallback_task(plan.config)
+    validating = not opts.skip_validation and export.reason is None
+    try:
+        lifted, fix = convert.convert(raw_export, source, raw, task=task, exported_type=exported_type,
+                                      validating=validating, fallback_reason=export.reason, hooks=hooks(),
+                                      static=plan.static_plan)
+    except convert.InnerModelExport as inner:  # generate() drives an inner causal LM: export that one
+        export.inner = True
+        lifted, fix = convert.convert(raw_export, str(inner.directory), raw, task=BASE_TASK,
+                                      exported_type=export.capture.exported.config.model_type,
+                                      validating=validating, fallback_reason=None, hooks=hooks(),
+                                      static=plan.static_plan)
+    if lifted is not None and export.capture is not None:
+        export.capture.notes.append(lifted.note)
+    return lifted, fix
+
+
+def _validate_and_write(plan: Plan, export: "_Export", raw: Path, final: Path, quantization, calibration, fix,
+                        lifted) -> Manifest:
+    """Stages 5 and 6 (`write.finish`), with `config.json` completed with what OpenVINO consumers' loaders read
+    and the model's config lacks; a validation failure of an export whose transformers cap was lifted says so."""
+    extra = {"config_added": added} if (added := consumer_config.complete(raw)) else {}
+    if plan.language is not None:
+        extra.update(plan.language.manifest_facts())
+    try:
+        return write.finish(raw, final, plan.config, export.capture, export.reason, plan.opts, plan.model,
+                            quantization, calibration, fix=fix, model_extra=extra)
+    except ExportValidationError as err:
+        if lifted is not None:
+            raise ExportValidationError(f"{err}; {lifted.refusal}", report=err.report) from err
+        raise
+
+
+class _Export:
+    """What stages 2 and 4 learn from the model optimum-intel loads: the capture, or the fallback reason (the
+    plan's facts are read from `Plan`, copied here for the callbacks)."""
+
+    def __init__(self, plan: Plan):
+        self.model, self.config, self.opts = plan.model, plan.config, plan.opts
+        self.static, self.static_plan, self.weight_format = plan.static, plan.static_plan, plan.weight_format
+        self.calibrating = plan.calibrating  # a data-aware quantization (decided at stage 1)
         self.capture, self.reason, self.inner, self.staging = None, None, False, None
-        self.calibrating = False  # a data-aware quantization (known from the options before the export)
 
     def load_error(self, err: BaseException):
         return load.load_error(self.model, self.config, err)

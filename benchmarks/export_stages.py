@@ -42,20 +42,20 @@ def main(argv: list[str] | None = None) -> int:
 
     threading.Thread(target=sample, daemon=True).start()
     from optimum_shared_graph import progress
-    from optimum_shared_graph.pipeline import validate, write
+    from optimum_shared_graph.pipeline import validate
 
     stage = progress.stage
     progress.stage = lambda name: (marks.append((time.perf_counter() - start, name)), stage(name))[1]
-    validate_graph = validate.validate_graph
+    validate_export = validate.validate_export  # stage 5, called through the module by pipeline/export.py
 
     def timed_validation(*a, **k):
         marks.append((time.perf_counter() - start, "validation: compile and run"))
         try:
-            return validate_graph(*a, **k)
+            return validate_export(*a, **k)
         finally:
             marks.append((time.perf_counter() - start, "validation done"))
 
-    write.validate_graph = timed_validation
+    validate.validate_export = timed_validation
     import optimum_shared_graph as osg
 
     marks.append((time.perf_counter() - start, "imports done"))

@@ -195,6 +195,12 @@ class Manifest:
         target.write_text(json.dumps(self.to_dict(), indent=2, sort_keys=False) + "\n")
         return target
 
+    def judged_weight_format(self) -> str:
+        """The weight format the validation's rules judge by: the artifact's (`fp32` when none is recorded), and
+        `int8` for an activation-quantized graph (`quant_mode`), whose weights are int8 too."""
+        quantization = self.quantization or {}
+        return "int8" if quantization.get("quant_mode") else (quantization.get("weight_format") or "fp32")
+
     def rt_info(self) -> dict[str, str]:
         """The facts stored under `shared_graph` in the IR's rt_info (all but the file hashes)."""
         data = self.to_dict()

@@ -35,7 +35,7 @@ from ..quantization.both_stages import both_stage_quantization
 from ..quantization.calibration import CalibrationReport
 from ..registration import supported_model_types
 from ..tasks import BASE_TASK
-from . import consumer_config, convert, fallback, load, multimodal, write
+from . import consumer_config, convert, fallback, load, multimodal, validate, write
 from .plan import Plan, make_plan
 from .decompose import decompose_model, release_pytorch, save_exported_model
 
@@ -82,8 +82,13 @@ def run_export(
                 from .static import finish_static_graph
 
                 finish_static_graph(raw, plan.static_plan, plan.opts)
-            # 5. validate and 6. write
-            manifest = _validate_and_write(plan, export, raw, staging / "final", quantization, calibration, fix, lifted)
+            extra = _model_facts(plan, raw, fix)
+            # 5. validate (a fallback is optimum-intel's own partitioning: recorded, not validated here)
+            checked = None if export.reason is not None else _validate(plan, export, raw, quantization, calibration,
+                                                                        extra, lifted)
+            # 6. write
+            progress.stage("writing")
+            manifest = _write(plan, export, raw, staging / "final", checked, quantization, extra)
             write.move_into_place(staging / "final", plan.output)
         manifest.path = plan.output / MANIFEST_NAME
         return manifest
@@ -133,20 +138,41 @@ def hand_over_to_optimum_intel(plan: Plan, export: "_Export", raw_export: RawExp
     return lifted, fix
 
 
-def _validate_and_write(plan: Plan, export: "_Export", raw: Path, final: Path, quantization, calibration, fix,
-                        lifted) -> Manifest:
-    """Stages 5 and 6 (`write.finish`), with `config.json` completed with what OpenVINO consumers' loaders read
-    and the model's config lacks; a validation failure of an export whose transformers cap was lifted says so."""
-    extra = {"config_added": added} if (added := consumer_config.complete(raw)) else {}
+def _model_facts(plan: Plan, raw: Path, fix) -> dict:
+    """What the manifest's `model` adds: the architecture fix, the `config.json` keys completed for OpenVINO
+    consumers' loaders (`consumer_config.py`), a multimodal checkpoint's language model."""
+    extra = {"fixes": [fix.record()]} if fix is not None else {}
+    if added := consumer_config.complete(raw):
+        extra["config_added"] = added
     if plan.language is not None:
         extra.update(plan.language.manifest_facts())
+    return extra
+
+
+def _validate(plan: Plan, export: "_Export", raw: Path, quantization, calibration, extra: dict, lifted):
+    """Stage 5 on the shared graph (`validate.validate_export`); return `(graph_xml, graph, manifest, reference)`.
+    A validation failure of an export whose transformers cap was lifted says so."""
+    graph_xml, ov_model, unchanged, manifest = write.prepare(
+        raw, plan.config, export.capture, plan.opts, plan.model, quantization, calibration, model_extra=extra)
     try:
-        return write.finish(raw, final, plan.config, export.capture, export.reason, plan.opts, plan.model,
-                            quantization, calibration, fix=fix, model_extra=extra)
+        manifest.validation, reference = validate.validate_export(ov_model, export.capture, plan.config, plan.opts,
+                                                                  manifest)
     except ExportValidationError as err:
         if lifted is not None:
             raise ExportValidationError(f"{err}; {lifted.refusal}", report=err.report) from err
         raise
+    return graph_xml, None if unchanged else ov_model, manifest, reference
+
+
+def _write(plan: Plan, export: "_Export", raw: Path, final: Path, checked, quantization, extra: dict) -> Manifest:
+    """Stage 6: the artifact written into `final` (`write.py`): the validated graph with its manifest, or a
+    fallback's graphs as optimum-intel wrote them."""
+    if checked is None:
+        return write.finish_fallback(raw, final, plan.config, export.reason, plan.opts, plan.model, quantization,
+                                     model_extra=extra)
+    graph_xml, graph, manifest, reference = checked
+    write.write_artifact(raw, final, {graph_xml: graph}, manifest, reference=reference)
+    return manifest
 
 
 class _Export:

@@ -7,7 +7,7 @@ import numpy as np
 from .decompose import Capture
 from ..errors import ExportValidationError
 from ..proof.judge import RELATIVE_TOLERANCE, judge_logits, scaled_tolerance
-from ..proof.stored import teacher_forced
+from ..proof.stored import Reference, teacher_forced
 from ..graph.parts import PartPlan, build_parts
 from ..progress import bar
 from ..runtimes.session import EXACT_CONFIG, GraphSession
@@ -146,3 +146,25 @@ def _last_logits_in_parts(ov_model, capture: Capture, plan: PartPlan, model_type
         return_freed_memory()
     steps.close()
     return [call["logits"][:, -1, :].astype(np.float32) for call in values]
+
+
+def validate_export(ov_model, capture, config, opts, manifest) -> tuple[dict, Reference | None]:
+    """Stage 5: the graph against the captured prefill and decode calls, compiled whole or in consecutive parts
+    where it cannot fit (`memory.validation_parts`); return the report the manifest records under `validation` and
+    the reference stored in the artifact for `validate()` where it is deployed (`proof/stored.py`: PyTorch's logits
+    when the check is enforced, the graph's own for quantized weights). `--skip-validation`: skipped, no reference."""
+    import functools
+
+    from .. import progress
+    from ..runtimes.static_session import StaticSession
+    from .memory import validation_parts
+
+    if opts.skip_validation:
+        return {"status": "skipped", "reason": "--skip-validation"}, None
+    progress.stage("validating")
+    exported_type = capture.exported.config.model_type if capture.module is not None else config.model_type
+    session = StaticSession if opts.is_static else functools.partial(GraphSession, model_type=exported_type)
+    parts = None if opts.is_static else validation_parts(ov_model)  # whole, or in parts where it cannot fit
+    outputs, run = graph_outputs(ov_model, capture, session_class=session, parts=parts, model_type=exported_type)
+    report = judge_export(outputs, run, capture, manifest.judged_weight_format())
+    return report, Reference.from_capture(capture, None if report["enforced"] else outputs)

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import functools
 import os
 import shutil
 from pathlib import Path
@@ -13,29 +12,21 @@ from ..errors import ModelNotSupportedError
 from ..graph.logits import is_sliced, slice_logits
 from ..graph.static import shapes_of
 from ..manifest import GRAPH_XML, RT_INFO_KEY, STATIC_GRAPH_XML, Manifest, build_manifest, digest_graph_files
-from ..runtimes.session import GraphSession
-from ..runtimes.static_session import StaticSession
-from .. import progress
 from ..proof.stored import Reference
 from . import fallback
-from .memory import validation_parts
-from .validate import graph_outputs, judge_export
 
 
-def finish(raw: Path, final: Path, config, capture, reason, opts, model, quantization, calibration=None, *,
-           fix=None, model_extra: dict | None = None) -> Manifest:
-    """Validate the graph in `raw` (stage 5) and write the artifact into `final` (stage 6); return its manifest.
+def prepare(raw: Path, config, capture, opts, model, quantization, calibration=None, *, fix=None,
+            model_extra: dict | None = None):
+    """The shared graph optimum-intel (or the static trace) wrote into `raw`, with its logits slice, and the
+    manifest that describes it (no validation yet); return `(graph_xml, ov_model, unchanged, manifest)`.
 
-    `fix` is the architecture fix (`architectures.Fix`) optimum-intel's export ran with, if any: the
-    manifest records it under `model.fixes`. `model_extra` adds to the manifest's `model` (a multimodal
-    checkpoint's language model: `pipeline/multimodal.py`).
+    `fix` is the architecture fix (`architectures.Fix`) optimum-intel's export ran with, if any: the manifest
+    records it under `model.fixes`. `model_extra` adds to the manifest's `model` (a multimodal checkpoint's
+    language model: `pipeline/multimodal.py`).
     """
     import openvino as ov
 
-    extra = {**({"fixes": [fix.record()]} if fix is not None else {}), **(model_extra or {})}
-    if reason is not None:
-        progress.stage("writing")
-        return finish_fallback(raw, final, config, reason, opts, model, quantization, model_extra=extra)
     graph_xml = STATIC_GRAPH_XML if opts.is_static else GRAPH_XML
     graphs = sorted(p.name for p in raw.glob("openvino_*model*.xml") if "tokenizer" not in p.name)
     if graphs != [graph_xml]:
@@ -49,28 +40,14 @@ def finish(raw: Path, final: Path, config, capture, reason, opts, model, quantiz
         slice_logits(ov_model)
         unchanged = False
     notes = {"notes": list(capture.notes)} if capture is not None and capture.notes else {}
+    extra = {**({"fixes": [fix.record()]} if fix is not None else {}), **(model_extra or {})}
     manifest = build_manifest(
         partitioning="shared", config=config, source=model, opts=opts, decoder=ov_model, files=[graph_xml],
         quantization=quantization, calibration=calibration,
         static=shapes_of(ov_model).to_dict() if opts.is_static else None,
         model_extra={**exported_module(capture), **notes, **extra},
     )
-    reference = None
-    if opts.skip_validation:
-        manifest.validation = {"status": "skipped", "reason": "--skip-validation"}
-    else:
-        progress.stage("validating")
-        exported_type = capture.exported.config.model_type if capture.module is not None else config.model_type
-        session = StaticSession if opts.is_static else functools.partial(GraphSession, model_type=exported_type)
-        weight_format = manifest.quantization["weight_format"] if not manifest.quantization["quant_mode"] else "int8"
-        parts = None if opts.is_static else validation_parts(ov_model)  # whole, or in parts where it cannot fit
-        outputs, run = graph_outputs(ov_model, capture, session_class=session, parts=parts, model_type=exported_type)
-        manifest.validation = judge_export(outputs, run, capture, weight_format)
-        # what it was judged against goes into the artifact, for validate() where it is deployed (proof/stored.py)
-        reference = Reference.from_capture(capture, None if manifest.validation["enforced"] else outputs)
-    progress.stage("writing")
-    write_artifact(raw, final, {graph_xml: None if unchanged else ov_model}, manifest, reference=reference)
-    return manifest
+    return graph_xml, ov_model, unchanged, manifest
 
 
 def exported_module(capture) -> dict:

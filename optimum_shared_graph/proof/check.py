@@ -64,9 +64,7 @@ def validate(path: str | os.PathLike, consumer: str = "openvino", device: str = 
         raise ArtifactValidationError(
             f"{consumer} on {device} could not run {path}: {type(err).__name__}: {text[:300]}") from err
     seconds = time.monotonic() - started
-    weight_format = (manifest.quantization or {}).get("weight_format") or "fp32"
-    if (manifest.quantization or {}).get("quant_mode"):
-        weight_format = "int8"
+    weight_format = manifest.judged_weight_format()
     exported_with = (manifest.validation or {}).get("compile_config") or {}
     rule, terms = _rule(weight_format, reference, precision, exported_with)
     tolerance = scaled_tolerance(rule, reference.calls, terms)

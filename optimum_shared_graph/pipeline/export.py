@@ -176,21 +176,19 @@ def _write(plan: Plan, export: "_Export", raw: Path, final: Path, checked, quant
 
 
 class _Export:
-    """What stages 2 and 4 learn from the model optimum-intel loads: the capture, or the fallback reason (the
-    plan's facts are read from `Plan`, copied here for the callbacks)."""
+    """What stages 2 and 4 learn from the model optimum-intel loads: the capture, or the fallback reason; the
+    callbacks read the plan's facts from `plan`."""
 
     def __init__(self, plan: Plan):
-        self.model, self.config, self.opts = plan.model, plan.config, plan.opts
-        self.static, self.static_plan, self.weight_format = plan.static, plan.static_plan, plan.weight_format
-        self.calibrating = plan.calibrating  # a data-aware quantization (decided at stage 1)
+        self.plan = plan  # read, never changed
         self.capture, self.reason, self.inner, self.staging = None, None, False, None
 
     def load_error(self, err: BaseException):
-        return load.load_error(self.model, self.config, err)
+        return load.load_error(self.plan.model, self.plan.config, err)
 
     def fallback(self, reason: str) -> None:
-        task = fallback.fallback_task(self.config)
-        _check_fallback_allowed(reason, task, self.opts)
+        task = fallback.fallback_task(self.plan.config)
+        _check_fallback_allowed(reason, task, self.plan.opts)
         fallback.warn(reason, task)
         self.reason = reason
 
@@ -202,10 +200,10 @@ class _Export:
         from ..graph.kv_shapes import read_lengths_from_keys
         from ..graph.logits import slice_logits
 
-        if self.opts.is_static or self.reason is not None or self.calibrating:
+        if self.plan.opts.is_static or self.reason is not None or self.plan.calibrating:
             return
         read_lengths_from_keys(ov_model)
-        if self.opts.logits == "last" and "logits" in {name for port in ov_model.outputs for name in port.get_names()}:
+        if self.plan.opts.logits == "last" and "logits" in {name for port in ov_model.outputs for name in port.get_names()}:
             slice_logits(ov_model)
 
     def decompose_wrapper(self, pt_model) -> tuple[str, str]:
@@ -215,15 +213,15 @@ class _Export:
         import gc
 
         progress.stage("decomposing generate()")
-        self.capture, reason = decompose_model(pt_model, self.model, self.opts, self.config)
+        self.capture, reason = decompose_model(pt_model, self.plan.model, self.plan.opts, self.plan.config)
         if reason is not None:
             self.fallback(reason)
-            return self.model, self.config.model_type
+            return self.plan.model, self.plan.config.model_type
         if self.capture.module is None:
-            return self.model, self.config.model_type
+            return self.plan.model, self.plan.config.model_type
         exported_type = self.capture.exported.config.model_type
-        directory = save_exported_model(self.capture, self.model, self.staging / "inner",
-                                        trust_remote_code=self.opts.trust_remote_code)
+        directory = save_exported_model(self.capture, self.plan.model, self.staging / "inner",
+                                        trust_remote_code=self.plan.opts.trust_remote_code)
         self.inner = True  # optimum-intel's load of the inner model is converted as it is
         release_pytorch(self.capture)
         del pt_model
@@ -236,25 +234,25 @@ class _Export:
             return convert_model()
         pt_model.eval()
         progress.stage("decomposing generate()")
-        self.capture, reason = decompose_model(pt_model, self.model, self.opts, self.config)
+        self.capture, reason = decompose_model(pt_model, self.plan.model, self.plan.opts, self.plan.config)
         if reason is not None:
             self.fallback(reason)
             return convert_model()
         if self.capture.module is not None:  # generate() drives an inner causal LM: export that model instead
-            directory = save_exported_model(self.capture, self.model, self.staging / "inner",
-                                            trust_remote_code=self.opts.trust_remote_code)
+            directory = save_exported_model(self.capture, self.plan.model, self.staging / "inner",
+                                            trust_remote_code=self.plan.opts.trust_remote_code)
             release_pytorch(self.capture)
             raise convert.InnerModelExport(directory)
         progress.stage("converting (optimum-intel)")
-        if self.static is None:
+        if self.plan.static is None:
             release_pytorch(self.capture)  # the capture keeps nothing of the model optimum-intel frees after
             return convert_model()
         result = convert_model()
         from .static import trace_static_graph
 
         progress.stage("static graph")
-        self.capture = trace_static_graph(pt_model, written_to, self.static, self.opts, capture=self.capture,
-                                          plan=self.static_plan, weight_format=self.weight_format)
+        self.capture = trace_static_graph(pt_model, written_to, self.plan.static, self.plan.opts, capture=self.capture,
+                                          plan=self.plan.static_plan, weight_format=self.plan.weight_format)
         release_pytorch(self.capture)
         return result
 

@@ -16,14 +16,13 @@ from ..proof.stored import Reference
 from . import fallback
 
 
-def prepare(raw: Path, config, capture, opts, model, quantization, calibration=None, *, fix=None,
+def prepare(raw: Path, config, capture, opts, model, quantization, calibration=None, *,
             model_extra: dict | None = None):
     """The shared graph optimum-intel (or the static trace) wrote into `raw`, with its logits slice, and the
     manifest that describes it (no validation yet); return `(graph_xml, ov_model, unchanged, manifest)`.
 
-    `fix` is the architecture fix (`architectures.Fix`) optimum-intel's export ran with, if any: the manifest
-    records it under `model.fixes`. `model_extra` adds to the manifest's `model` (a multimodal checkpoint's
-    language model: `pipeline/multimodal.py`).
+    `model_extra` adds to the manifest's `model` (the architecture fix the export ran with, the `config.json` keys
+    completed, a multimodal checkpoint's language model: `pipeline/export.py`'s `_model_facts`).
     """
     import openvino as ov
 
@@ -40,12 +39,11 @@ def prepare(raw: Path, config, capture, opts, model, quantization, calibration=N
         slice_logits(ov_model)
         unchanged = False
     notes = {"notes": list(capture.notes)} if capture is not None and capture.notes else {}
-    extra = {**({"fixes": [fix.record()]} if fix is not None else {}), **(model_extra or {})}
     manifest = build_manifest(
         partitioning="shared", config=config, source=model, opts=opts, decoder=ov_model, files=[graph_xml],
         quantization=quantization, calibration=calibration,
         static=shapes_of(ov_model).to_dict() if opts.is_static else None,
-        model_extra={**exported_module(capture), **notes, **extra},
+        model_extra={**exported_module(capture), **notes, **(model_extra or {})},
     )
     return graph_xml, ov_model, unchanged, manifest
 

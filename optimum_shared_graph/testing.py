@@ -9,6 +9,7 @@ per machine into a local Hugging Face directory.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -277,6 +278,12 @@ MULTIMODAL: dict[str, dict[str, Any]] = {
                      extra=dict(spatial_merge_size=2, multimodal_projector_bias=False), tie=False),
 }
 
+# Multimodal weights transformers initialises to zero, redrawn from N(0, the text config's initializer_range) by
+# `build_tiny_multimodal`: Gemma3PreTrainedModel._init_weights zeroes the projection of the image features into the
+# text model's width, so every image embedding is 0, every image gives the same tokens, and a vision graph that
+# computed anything passes a check against it. A trained projection is not zero, and neither is the tiny one.
+_ZERO_INIT_MULTIMODAL: dict[str, tuple[str, ...]] = {"gemma3": ("model.multi_modal_projector.mm_input_projection_weight",)}
+
 # transformers 5.5 saves a Qwen3.5 vision tower as `model.language_model.visual.*` (its text model's weight
 # renaming applied in reverse); the published checkpoints name it `model.visual.*`, which 5.5 loads the same.
 _PUBLISHED_NAMES = {"qwen3_5": [("model.language_model.visual.", "model.visual.")],
@@ -427,6 +434,9 @@ def build_tiny_multimodal(model_type: str, out_dir: str | Path, *, seed: int = 0
             setattr(config, key, token_id)
     torch.manual_seed(seed)
     model = AutoModelForImageTextToText.from_config(config, dtype=torch.float32).eval()
+    with torch.no_grad():
+        for name in _ZERO_INIT_MULTIMODAL.get(model_type, ()):
+            model.get_parameter(name).normal_(mean=0.0, std=config.get_text_config().initializer_range)
     model.generation_config = GenerationConfig(bos_token_id=1, eos_token_id=2, pad_token_id=0)
     model.save_pretrained(str(out_dir))
     renames = _PUBLISHED_NAMES.get(model_type)
@@ -702,6 +712,28 @@ _QWEN_VL_SPECIALS = ["<pad>", "<s>", "</s>", "<|im_start|>", "<|im_end|>", "<|vi
 _QWEN_VL_ROTARY = dict(head_dim=32, rope_parameters={"rope_type": "default", "rope_theta": 56.0,
                                                      "partial_rotary_factor": 0.5, "mrope_section": [3, 3, 2],
                                                      "mrope_interleaved": True})
+def _qwen_vl_processor(spec: dict[str, Any], tokenizer: Any, out_dir: Path) -> Any:
+    """Qwen/Qwen3.5-27B's processor: Qwen2VLImageProcessor, Qwen3VLVideoProcessor, Qwen3VLProcessor."""
+    from transformers import Qwen2VLImageProcessor, Qwen3VLProcessor, Qwen3VLVideoProcessor
+
+    image = Qwen2VLImageProcessor(**spec["image_processor"])
+    video = Qwen3VLVideoProcessor(**{k: v for k, v in spec["image_processor"].items() if k != "size"})
+    processor = Qwen3VLProcessor(image_processor=image, tokenizer=tokenizer, video_processor=video,
+                                 chat_template=spec["chat_template"])
+    # the published layout: preprocessor_config.json, video_preprocessor_config.json, the tokenizer's files and
+    # chat_template.jinja (OpenVINO GenAI reads preprocessor_config.json; transformers 5.5's
+    # `processor.save_pretrained` would write them all into one processor_config.json instead)
+    image.save_pretrained(str(out_dir))
+    video.save_pretrained(str(out_dir))
+    tokenizer.save_pretrained(str(out_dir))
+    path = out_dir / "preprocessor_config.json"
+    path.write_text(path.read_text().replace('"image_processor_type"',
+                                             '"processor_class": "Qwen3VLProcessor",\n  "image_processor_type"'))
+    return processor
+
+
+
+
 _QWEN_VL = dict(
     specials=_QWEN_VL_SPECIALS,
     text=_QWEN_VL_ROTARY,
@@ -709,15 +741,74 @@ _QWEN_VL = dict(
     image_processor=dict(patch_size=16, merge_size=2, temporal_patch_size=2, image_mean=[0.5, 0.5, 0.5],
                          image_std=[0.5, 0.5, 0.5], size={"shortest_edge": 32 * 32, "longest_edge": 128 * 128}),
     chat_template=_QWEN_VL_CHAT_TEMPLATE,
+    build=_qwen_vl_processor,
 )
+
+
 VLM_PROCESSORS: dict[str, dict[str, Any]] = {"qwen3_5": _QWEN_VL, "qwen3_5_moe": _QWEN_VL}
+
+# google/gemma-3-4b-it's chat template reduced to what a user turn with images and text needs (the published one
+# adds a system turn and role alternation checks): an image is `<start_of_image>`, which the processor expands to
+# `\n\n<start_of_image>`, one `<image_soft_token>` per image token (mm_tokens_per_image) and `<end_of_image>\n\n`.
+_GEMMA3_CHAT_TEMPLATE = (
+    "{{ bos_token }}{%- for message in messages -%}"
+    "{%- if message['role'] == 'assistant' -%}{%- set role = 'model' -%}{%- else -%}{%- set role = message['role'] -%}"
+    "{%- endif -%}{{ '<start_of_turn>' + role + '\n' }}"
+    "{%- if message['content'] is string -%}{{ message['content'] | trim }}{%- else -%}"
+    "{%- for item in message['content'] -%}{%- if item['type'] == 'image' -%}{{ '<start_of_image>' }}"
+    "{%- elif item['type'] == 'text' -%}{{ item['text'] | trim }}{%- endif -%}{%- endfor -%}{%- endif -%}"
+    "{{ '<end_of_turn>\n' }}{%- endfor -%}{%- if add_generation_prompt -%}{{ '<start_of_turn>model\n' }}{%- endif -%}"
+)
+
+
+def _gemma3_processor(spec: dict[str, Any], tokenizer: Any, out_dir: Path) -> Any:
+    """google/gemma-3-4b-it's processor: Gemma3ImageProcessor (preprocessor_config.json), Gemma3Processor
+    (processor_config.json: its image_seq_length), the tokenizer naming its image tokens."""
+    from transformers import Gemma3ImageProcessor, Gemma3Processor
+
+    image = Gemma3ImageProcessor(**spec["image_processor"])
+    processor = Gemma3Processor(image_processor=image, tokenizer=tokenizer, chat_template=spec["chat_template"],
+                                image_seq_length=spec["image_seq_length"])
+    image.save_pretrained(str(out_dir))
+    tokenizer.save_pretrained(str(out_dir))
+    path = out_dir / "preprocessor_config.json"
+    config = json.loads(path.read_text())
+    config.update(image_seq_length=spec["image_seq_length"], processor_class="Gemma3Processor")
+    path.write_text(json.dumps(dict(sorted(config.items())), indent=2) + "\n")
+    (out_dir / "processor_config.json").write_text(json.dumps(
+        {"image_seq_length": spec["image_seq_length"], "processor_class": "Gemma3Processor"}, indent=2) + "\n")
+    return processor
+
+
+# google/gemma-3-4b-it: the image tokens named as its tokenizer names them (boi, eoi and image soft token), the
+# config's keys for them (boi_token_index, eoi_token_index, image_token_index: ids of the tiny tokenizer here, the
+# release's 255999, 256000 and 262144 need its 262k vocabulary), and its preprocessor_config.json (896 x 896
+# images, mean and std 0.5, bilinear resampling) at the tiny vision tower's 28 x 28 (2 x 2 patches of 14, one
+# image token each: mm_tokens_per_image 4). The text model: a sliding and a full attention layer (the release's
+# 5 : 1 pattern), a window of 16 tokens that the image prompt overflows, the release's rotaries (10000 on the
+# sliding layers, 1e6 scaled linearly by 8 on the full ones) and query_pre_attn_scalar = head_dim, as in 4b.
+VLM_PROCESSORS["gemma3"] = dict(
+    specials=["<pad>", "<s>", "</s>", "<start_of_turn>", "<end_of_turn>", "<start_of_image>", "<end_of_image>",
+              "<image_soft_token>"],
+    tokens=dict(boi_token="<start_of_image>", eoi_token="<end_of_image>", image_token="<image_soft_token>"),
+    text=dict(layer_types=["sliding_attention", "full_attention"], sliding_window=16, query_pre_attn_scalar=16,
+              rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                               "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1000000.0}}),
+    ids=dict(boi_token_index=5, eoi_token_index=6, image_token_index=7),
+    image_processor=dict(size={"height": 28, "width": 28}, image_mean=[0.5, 0.5, 0.5], image_std=[0.5, 0.5, 0.5],
+                         resample=2, do_pan_and_scan=None),
+    image_seq_length=4,
+    chat_template=_GEMMA3_CHAT_TEMPLATE,
+    build=_gemma3_processor,
+)
 
 
 def build_vlm_processor(model_type: str, out_dir: str | Path) -> Any:
-    """Save the processor of a tiny `model_type` checkpoint (`VLM_PROCESSORS`): image processor, video processor,
-    a locally trained tokenizer with the image tokens, the chat template. Returns the processor."""
+    """Save the processor of a tiny `model_type` checkpoint (`VLM_PROCESSORS`) as its release lays it out: the
+    image (and video) processor, a locally trained tokenizer with the image tokens, the chat template. Returns the
+    processor."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast, Qwen2VLImageProcessor, Qwen3VLProcessor, Qwen3VLVideoProcessor
+    from transformers import PreTrainedTokenizerFast
 
     spec = VLM_PROCESSORS[model_type]
     tok = Tokenizer(models.BPE())
@@ -729,22 +820,8 @@ def build_vlm_processor(model_type: str, out_dir: str | Path) -> Any:
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>", padding_side="left",
         model_input_names=["input_ids", "attention_mask"], chat_template=spec["chat_template"],
+        **spec.get("tokens", {}),
     )
     for name, token_id in spec["ids"].items():
         assert fast.convert_tokens_to_ids(spec["specials"][token_id]) == token_id, name
-    image = Qwen2VLImageProcessor(**spec["image_processor"])
-    video = Qwen3VLVideoProcessor(**{k: v for k, v in spec["image_processor"].items() if k != "size"})
-    processor = Qwen3VLProcessor(image_processor=image, tokenizer=fast, video_processor=video,
-                                 chat_template=spec["chat_template"])
-    # the published layout: preprocessor_config.json, video_preprocessor_config.json, the tokenizer's files and
-    # chat_template.jinja (OpenVINO GenAI reads preprocessor_config.json; transformers 5.5's
-    # `processor.save_pretrained` would write them all into one processor_config.json instead)
-    image.save_pretrained(str(out_dir))
-    video.save_pretrained(str(out_dir))
-    fast.save_pretrained(str(out_dir))
-    for name in ("preprocessor_config.json", "video_preprocessor_config.json"):
-        path = Path(out_dir) / name
-        path.write_text(path.read_text().replace('"image_processor_type"',
-                                                 '"processor_class": "Qwen3VLProcessor",\n  "image_processor_type"')
-                        if name == "preprocessor_config.json" else path.read_text())
-    return processor
+    return spec["build"](spec, fast, Path(out_dir))

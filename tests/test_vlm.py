@@ -1,4 +1,5 @@
-"""`--task image-text-to-text-shared` (`pipeline/vlm.py`): the whole Qwen3.5 model in optimum-intel's VLM layout.
+"""`--task image-text-to-text-shared` (`pipeline/vlm.py`): the whole Qwen3.5 or Gemma 3 model in optimum-intel's
+VLM layout.
 
 The checkpoints are laid out like the published ones, with their processor (`testing.build_tiny_multimodal(...,
 processor=True)`: image processor, tokenizer with the image tokens, chat template), so a real image (a small
@@ -9,6 +10,7 @@ optimum-intel 2.2's `_OVQwen3_5ForCausalLM.generate()` cannot run under transfor
 `prepare_inputs_for_generation` indexes a `cache_position` 5.5's `generate()` no longer passes, and its position
 ids call 5.5's `get_rope_index` without the `mm_token_type_ids` it now requires), so the OVModelForVisualCausalLM
 check drives the loaded model's own `forward()` greedily, with the (4, batch, seq) positions PyTorch starts from.
+For Gemma 3 its `generate()` runs.
 """
 
 from __future__ import annotations
@@ -25,14 +27,26 @@ from optimum_shared_graph import read_manifest
 
 NEW_TOKENS = 12
 # A random-init model's greedy tokens follow its last input token more than anything before it, and every prompt
-# ends with the chat template's `<|im_start|>assistant`: on this prompt the two images below give PyTorch greedy
-# tokens that differ (from the first token, for both types), so each consumer's tokens show it ran the image, not
-# only the text (checked in each test)
-PROMPT = "hello"
+# ends with the chat template's assistant turn: on these prompts the two images below give PyTorch greedy tokens
+# that differ (from the first token, for every type), so each consumer's tokens show it ran the image, not only the
+# text (checked in each test). For Gemma 3 the prompt is also one where the image's bidirectional attention decides
+# some tokens: PyTorch without `token_type_ids` (a causal mask over the image) gives other tokens (checked too).
+PROMPTS = {"qwen3_5": "hello", "qwen3_5_moe": "hello", "gemma3": "What is in the image?"}
 IMAGES = ("noise", "white")
-# optimum-intel's image-text-to-text layout for Qwen3.5 (what OVModelForVisualCausalLM and VLMPipeline load)
-GRAPHS = ["openvino_language_model.xml", "openvino_text_embeddings_model.xml", "openvino_vision_embeddings_merger_model.xml",
-          "openvino_vision_embeddings_model.xml", "openvino_vision_embeddings_pos_model.xml"]
+# optimum-intel's image-text-to-text layout of each type (what OVModelForVisualCausalLM and VLMPipeline load), and
+# its language model's inputs
+_QWEN_GRAPHS = ["openvino_language_model.xml", "openvino_text_embeddings_model.xml",
+                "openvino_vision_embeddings_merger_model.xml", "openvino_vision_embeddings_model.xml",
+                "openvino_vision_embeddings_pos_model.xml"]
+_QWEN_INPUTS = {"attention_mask": "[?,?]", "beam_idx": "[?]", "inputs_embeds": "[?,?,64]", "position_ids": "[4,?,?]"}
+GRAPHS = {"qwen3_5": _QWEN_GRAPHS, "qwen3_5_moe": _QWEN_GRAPHS,
+          "gemma3": ["openvino_language_model.xml", "openvino_text_embeddings_model.xml",
+                     "openvino_vision_embeddings_model.xml"]}
+LANGUAGE_INPUTS = {"qwen3_5": _QWEN_INPUTS, "qwen3_5_moe": _QWEN_INPUTS,
+                   "gemma3": {"attention_mask": "[?,?]", "beam_idx": "[?]", "inputs_embeds": "[?,?,64]",
+                              "position_ids": "[?,?]", "token_type_ids": "[?,?]"}}
+FIXES = {"qwen3_5": "optimum_shared_graph.architectures.qwen3_5", "qwen3_5_moe": "optimum_shared_graph.architectures.qwen3_5",
+         "gemma3": None}
 
 
 @pytest.fixture(scope="module")
@@ -65,26 +79,30 @@ def _image(kind: str):
     return Image.fromarray((np.random.RandomState(0).rand(64, 64, 3) * 255).astype("uint8"))
 
 
-def _pytorch(path):
+def _pytorch(path, model_type):
     """The model, and per image: the processor's inputs, PyTorch's greedy new tokens and its prefill's last logits."""
     from transformers import AutoModelForImageTextToText, AutoProcessor
 
     processor = AutoProcessor.from_pretrained(path)
-    conversation = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": PROMPT}]}]
+    conversation = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": PROMPTS[model_type]}]}]
     text = processor.apply_chat_template(conversation, add_generation_prompt=True)
     model = AutoModelForImageTextToText.from_pretrained(path, dtype=torch.float32).eval()
-    runs = {}
+    runs, causal = {}, {}
+    generate = dict(max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, do_sample=False, pad_token_id=0)
     for kind in IMAGES:
         enc = processor(images=_image(kind), text=text, return_tensors="pt")
         with torch.no_grad():
-            out = model.generate(**enc, max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, do_sample=False,
-                                 pad_token_id=0, output_logits=True, return_dict_in_generate=True)
+            out = model.generate(**enc, **generate, output_logits=True, return_dict_in_generate=True)
+            if "token_type_ids" in enc:  # Gemma 3: without them, the image is attended causally
+                causal[kind] = model.generate(**{k: v for k, v in enc.items() if k != "token_type_ids"}, **generate)
         runs[kind] = (enc, out.sequences[0, enc["input_ids"].shape[1]:].tolist(), out.logits[0][0].numpy())
     assert runs["noise"][1] != runs["white"][1]  # the image decides some tokens: each consumer must have run it
+    if model_type == "gemma3":  # and the bidirectional attention within the image decides some: it must run too
+        assert any(causal[k][0, runs[k][0]["input_ids"].shape[1]:].tolist() != runs[k][1] for k in IMAGES)
     return model, runs
 
 
-def _genai_tokens(out, kind: str) -> list[int]:
+def _genai_tokens(out, kind: str, prompt: str) -> list[int]:
     import openvino as ov
     import openvino_genai as ov_genai
 
@@ -103,7 +121,7 @@ def _genai_tokens(out, kind: str) -> list[int]:
     pipe = ov_genai.VLMPipeline(str(out), "CPU", **EXACT)
     config = ov_genai.GenerationConfig(max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, ignore_eos=True)
     streamer = Tokens()
-    pipe.generate(PROMPT, images=[ov.Tensor(np.array(_image(kind)))], generation_config=config, streamer=streamer)
+    pipe.generate(prompt, images=[ov.Tensor(np.array(_image(kind)))], generation_config=config, streamer=streamer)
     return streamer.tokens
 
 
@@ -137,60 +155,77 @@ def _optimum_tokens(ov_model, enc, model) -> tuple[list[int], np.ndarray]:
     return tokens, prefill
 
 
-def _check_artifact(path, out, proc):
+def _optimum_generate(ov_model, enc) -> tuple[list[int], np.ndarray]:
+    """OVModelForVisualCausalLM's generate() (EOS suppressed by min_new_tokens), and its forward()'s prefill logits."""
+    prompt = enc["input_ids"].shape[1]
+    out = ov_model.generate(**enc, max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, do_sample=False,
+                            pad_token_id=0)
+    prefill = ov_model(**enc).logits[0, -1].numpy().copy()
+    return out[0, prompt:].tolist(), prefill
+
+
+def _check_artifact(path, out, proc, model_type):
     import openvino as ov
 
     said = proc.stderr.strip().splitlines()[-1]
     assert said.startswith(f"image-text-to-text-shared: wrote {out} (shared; dynamic, logits=last, stateful=True); "
                            "validation: passed (greedy"), said
     graphs = sorted(p.name for p in out.glob("openvino_*.xml") if "tokenizer" not in p.name)
-    assert graphs == GRAPHS
+    assert graphs == GRAPHS[model_type]
     assert (out / "openvino_tokenizer.xml").is_file() and (out / "openvino_detokenizer.xml").is_file()
     manifest = read_manifest(out)
     source = json.loads((path / "config.json").read_text())
     assert manifest.task == "image-text-to-text-shared" and manifest.partitioning == "shared"
     assert manifest.model["model_type"] == source["model_type"]
-    assert manifest.model["fixes"][0]["fix"] == "optimum_shared_graph.architectures.qwen3_5"
+    assert [fix["fix"] for fix in manifest.model.get("fixes", [])] == ([FIXES[model_type]] if FIXES[model_type] else [])
     assert manifest.graph["files"][0] == manifest.graph["language_model"] == "openvino_language_model.xml"
     validation = manifest.validation
     assert validation["status"] == "passed" and validation["greedy_match"], validation
     assert validation["vision"]["image_tokens"] == 4 and validation["vision"]["max_abs_diff_image_embeds"] < 1e-4
-    # the language model: one stateful graph fed inputs_embeds and (4, batch, seq) positions, last-position logits
+    # the language model: one stateful graph fed inputs_embeds (and Qwen3.5's (4, batch, seq) positions, Gemma 3's
+    # token types), last-position logits
     language = ov.Core().read_model(out / "openvino_language_model.xml")
-    inputs = {p.get_any_name(): p.get_partial_shape() for p in language.inputs}
-    assert sorted(inputs) == ["attention_mask", "beam_idx", "inputs_embeds", "position_ids"]
-    assert str(inputs["position_ids"]) == "[4,?,?]"
+    inputs = {p.get_any_name(): str(p.get_partial_shape()) for p in language.inputs}
+    assert inputs == LANGUAGE_INPUTS[model_type]
     assert [p.get_any_name() for p in language.outputs] == ["logits"]
     assert str(language.outputs[0].get_partial_shape()) == f"[?,1,{source['text_config']['vocab_size']}]"
     assert language.get_sinks()  # its states inside the graph
-    # weights stored once: the graphs hold no more than the checkpoint's float32 weights
+    # weights stored once: the graphs hold no more than the checkpoint's float32 weights, and a head tied to the
+    # embeddings (Gemma 3) once more: optimum-intel's layout has the table in the text embeddings graph and the head
+    # in the language model
     checkpoint = sum(p.stat().st_size for p in path.glob("*.safetensors"))
+    text = source["text_config"]
+    tied = source.get("tie_word_embeddings", False)
+    checkpoint += 4 * text["vocab_size"] * text["hidden_size"] if tied else 0
     assert sum(p.stat().st_size for p in out.glob("openvino_*model.bin")) <= 1.02 * checkpoint
 
 
 @pytest.mark.slow  # about 55 s each (an export through optimum-cli, PyTorch, VLMPipeline)
 @pytest.mark.timeout(900)
-@pytest.mark.parametrize("model_type", ["qwen3_5", "qwen3_5_moe"])
+@pytest.mark.parametrize("model_type", ["qwen3_5", "qwen3_5_moe", "gemma3"])
 def test_image_prompt_greedy_parity_through_genai(model_type, vlm):
     """The export, its layout and manifest, and VLMPipeline's greedy tokens on an image and a text prompt."""
     path, out, proc = vlm(model_type)
-    _check_artifact(path, out, proc)
-    _model, runs = _pytorch(path)
+    _check_artifact(path, out, proc, model_type)
+    _model, runs = _pytorch(path, model_type)
     for kind, (_enc, reference, _logits) in runs.items():
-        assert _genai_tokens(out, kind) == reference, kind
+        assert _genai_tokens(out, kind, PROMPTS[model_type]) == reference, kind
 
 
 @pytest.mark.slow  # the export of the test above (shared by the module's fixture), then about 5 s
 @pytest.mark.timeout(900)
-@pytest.mark.parametrize("model_type", ["qwen3_5", "qwen3_5_moe"])
+@pytest.mark.parametrize("model_type", ["qwen3_5", "qwen3_5_moe", "gemma3"])
 def test_image_prompt_greedy_parity_through_optimum(model_type, vlm):
     from optimum.intel import OVModelForVisualCausalLM
 
     path, out, _proc = vlm(model_type)
-    model, runs = _pytorch(path)
+    model, runs = _pytorch(path, model_type)
     ov_model = OVModelForVisualCausalLM.from_pretrained(out, ov_config=EXACT)
     for kind, (enc, reference, logits) in runs.items():
-        tokens, prefill = _optimum_tokens(ov_model, enc, model)
+        if model_type == "gemma3":
+            tokens, prefill = _optimum_generate(ov_model, enc)
+        else:
+            tokens, prefill = _optimum_tokens(ov_model, enc, model)
         assert tokens == reference, kind
         assert np.max(np.abs(prefill - logits)) < 1e-4, kind
 
@@ -200,15 +235,15 @@ def test_type_it_cannot_export_is_refused_before_any_work(tmp_path, capsys):
     (optimum-cli's entry point run in this process: no fresh interpreter's imports)."""
     from optimum_shared_graph.testing import tiny_multimodal_config
 
-    model = tmp_path / "gemma3"
-    tiny_multimodal_config("gemma3").save_pretrained(str(model))
+    model = tmp_path / "mistral3"
+    tiny_multimodal_config("mistral3").save_pretrained(str(model))
     out = tmp_path / "out"
     with pytest.raises(AssertionError, match="exited with 2"):
         run_cli_in_process("export", "openvino", "-m", str(model), "--task", "image-text-to-text-shared", str(out))
     lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error: ")]
     assert len(lines) == 1
-    assert "gemma3 is not a model type --task image-text-to-text-shared exports (it exports qwen3_5, qwen3_5_moe)" \
-        in lines[0]
+    assert "mistral3 is not a model type --task image-text-to-text-shared exports (it exports gemma3, qwen3_5, " \
+        "qwen3_5_moe)" in lines[0]
     assert not out.exists() and not [p for p in tmp_path.iterdir() if p.name.endswith(".partial")]
 
 
@@ -288,4 +323,42 @@ def test_validation_refuses_a_language_model_that_ignores_the_image_positions(vl
     for suffix in (".xml", ".bin"):
         shutil.move(broken / f"staged{suffix}", broken / LANGUAGE_XML.replace(".xml", suffix))
     with pytest.raises(ExportValidationError, match="does not reproduce Qwen3_5ForConditionalGeneration"):
+        validate_parts(broken, reference, None)
+
+
+@pytest.mark.slow  # the export of the tests above (the module's fixture), then about 5 s
+@pytest.mark.timeout(900)
+def test_validation_refuses_a_gemma3_language_model_that_attends_the_image_causally(vlm, tmp_path):
+    """The export's check of the language model is decisive for Gemma 3's bidirectional attention within an image:
+    the artifact's graph fed token types of 0 (no image tokens: a causal mask over the image, as a language model
+    without `token_type_ids` has) is refused against the PyTorch reference, which the unchanged graph passes."""
+    import shutil
+
+    import openvino as ov
+    import openvino.opset13 as ops
+    from transformers import AutoModelForImageTextToText
+
+    from optimum_shared_graph import ExportValidationError
+    from optimum_shared_graph.pipeline.vlm import LANGUAGE_XML, capture_reference, validate_parts
+
+    path, out, _proc = vlm("gemma3")
+    model = AutoModelForImageTextToText.from_pretrained(path, dtype=torch.float32).eval()
+    reference = capture_reference(model, 4)
+    assert reference.inputs["token_type_ids"].sum() == model.config.mm_tokens_per_image
+    assert validate_parts(out, reference, None)["status"] == "passed"
+
+    broken = tmp_path / "broken"
+    shutil.copytree(out, broken)
+    graph = ov.Core().read_model(broken / LANGUAGE_XML)
+    types = next(p for p in graph.inputs if p.get_any_name() == "token_type_ids")
+    readers = list(types.get_target_inputs())  # before the multiply below becomes one
+    zeros = ops.multiply(types.get_node().output(0), ops.constant(np.array(0, dtype=np.int64)))
+    for target in readers:
+        target.replace_source_output(zeros.output(0))
+    graph.validate_nodes_and_infer_types()
+    ov.save_model(graph, broken / "staged.xml", compress_to_fp16=False)
+    del graph
+    for suffix in (".xml", ".bin"):
+        shutil.move(broken / f"staged{suffix}", broken / LANGUAGE_XML.replace(".xml", suffix))
+    with pytest.raises(ExportValidationError, match="does not reproduce Gemma3ForConditionalGeneration"):
         validate_parts(broken, reference, None)

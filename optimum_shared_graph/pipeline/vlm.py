@@ -4,28 +4,33 @@ optimum-intel's `image-text-to-text` export of a vision-language model writes on
 Qwen3.5 (`qwen3_5`, `qwen3_5_moe`) `openvino_language_model.xml` (the stateful decoder fed `inputs_embeds`,
 `attention_mask`, the (4, batch, seq) M-RoPE `position_ids` and `beam_idx`), `openvino_text_embeddings_model.xml`,
 `openvino_vision_embeddings_model.xml`, `openvino_vision_embeddings_merger_model.xml` and
-`openvino_vision_embeddings_pos_model.xml`: the layout `OVModelForVisualCausalLM` and OpenVINO GenAI's
-`VLMPipeline` load. This task writes that layout with optimum-intel's own export (its configs, its file
-names, its tokenizer conversion), and:
+`openvino_vision_embeddings_pos_model.xml`; for Gemma 3 (`gemma3`) the language model (fed `inputs_embeds`,
+`attention_mask`, `position_ids`, `token_type_ids` and `beam_idx`), the text embeddings and the vision embeddings:
+the layout `OVModelForVisualCausalLM` and OpenVINO GenAI's `VLMPipeline` load. This task writes that layout with
+optimum-intel's own export (its configs, its file names, its tokenizer conversion), and:
 
 1. the export config of the architecture fix (`architectures.<family>.vlm_export_config`) stands in for
    optimum-intel's for the duration of the export (`vlm_fix_applied`), where optimum-intel's fails under the
-   installed transformers (Qwen3.5's language model patcher imports `Qwen3_5DynamicCache`, gone in 5.5);
+   installed transformers (Qwen3.5's language model patcher imports `Qwen3_5DynamicCache`, gone in 5.5; Gemma 3's
+   config exports under 5.5 as it is);
 2. the language model is this package's graph: one stateful graph for prefill and decode whose `logits` are
    `[batch, 1, vocab]` with `--logits last` (the default), sliced before the vocabulary projection
    (`graph/logits.py`) as optimum-intel saves it, its weights written once;
 3. before optimum-intel converts the model it loaded, the PyTorch model's greedy `generate()` on an image and
    a text prompt is recorded (`capture_reference`): the image embeddings, and every call of its language model
-   (the `inputs_embeds`, positions and mask it was fed, its last-position logits);
+   (the `inputs_embeds`, and the graph's other inputs as that call had them: mask, positions, token types; its
+   last-position logits);
 4. validation (`validate_parts`): the vision graphs (run as `OVModelForVisualCausalLM` runs them) against
-   PyTorch's image embeddings, the text embeddings graph against PyTorch's embedding table, then the language
+   PyTorch's image embeddings, the text embeddings graph against PyTorch's embedding, then the language
    model graph fed what the OpenVINO parts computed (the prompt's text embeddings with the OpenVINO image
    embeddings merged in at the image tokens, then each greedy token's OpenVINO embedding), judged against
    PyTorch's logits with the rules of text-generation-shared's validation (`proof/judge.py`);
 5. the manifest (`task: image-text-to-text-shared`) and the artifact moved into place, as for a text model.
 
-The validation image needs no processor: its patches are drawn (seeded) in the processor's output layout and
-the prompt is built from the configuration's image token ids.
+What differs from family to family in items 3 and 4 (the validation image and prompt, where the image embeddings
+are, the language model's inputs, how the vision graphs run) is a `vlm_families.Family`; its model types are the
+ones this task exports. The validation image needs no processor: its pixels are drawn (seeded) in the processor's
+output layout and the prompt is built from the configuration's image token ids.
 """
 
 from __future__ import annotations
@@ -45,11 +50,10 @@ from ..registration import register_tasks
 from ..tasks import VLM_SHARED_TASK, VLM_TASK
 from . import convert, load, write
 
+from .vlm_families import FAMILIES, family_of
+
 LANGUAGE_XML = "openvino_language_model.xml"
 TEXT_EMBEDDINGS_XML = "openvino_text_embeddings_model.xml"
-# the (text) prompt around the validation image, and its image: 2 x 2 merged patches of a 4 x 4 patch grid
-_PROMPT_TOKENS = 8
-_IMAGE_GRID = (1, 4, 4)
 
 
 def vlm_fix_module(model_type: str):
@@ -70,10 +74,8 @@ def vlm_fix_module(model_type: str):
 
 
 def supported_vlm_types() -> list[str]:
-    """The model types `--task image-text-to-text-shared` exports."""
-    from ..architectures import _load, fix_modules
-
-    return sorted(t for name in fix_modules() for t in getattr(_load(name), "VLM_MODEL_TYPES", ()))
+    """The model types `--task image-text-to-text-shared` exports (those of `vlm_families.FAMILIES`)."""
+    return sorted(FAMILIES)
 
 
 @contextlib.contextmanager
@@ -96,43 +98,24 @@ def vlm_fix_applied(model_type: str):
 class Reference:
     """What PyTorch computed on the validation image and prompt."""
 
-    input_ids: np.ndarray  # (1, prompt)
-    attention_mask: np.ndarray
-    pixel_values: np.ndarray  # (patches, channels x temporal patch x patch x patch)
-    image_grid_thw: np.ndarray  # (1, 3)
-    image_embeds: np.ndarray  # (image tokens, hidden): the vision tower's output, merged
-    text_embeds: np.ndarray  # (1, prompt, hidden): the embedding table's rows of the prompt
-    calls: list[dict[str, np.ndarray]] = field(default_factory=list)  # each language model call's inputs, logits
+    model_type: str
+    inputs: dict[str, np.ndarray]  # what generate() was given: input_ids (1, prompt), the image's pixels, ...
+    image_embeds: np.ndarray  # (image tokens, hidden): what the language model gets at the image tokens
+    text_embeds: np.ndarray  # (1, prompt, hidden): the embedding of the prompt's tokens
+    # each language model call: its graph inputs but beam_idx (`Family.call_inputs`), inputs_embeds, logits
+    calls: list[dict[str, np.ndarray]] = field(default_factory=list)
     tokens: list[int] = field(default_factory=list)  # generate()'s greedy picks
     architecture: str = ""
     notes: list[str] = field(default_factory=list)
 
+    @property
+    def input_ids(self) -> np.ndarray:
+        return self.inputs["input_ids"]
+
 
 def validation_inputs(config, seed: int = 0) -> dict[str, Any]:
-    """A prompt with one image, as the processor gives it: text tokens, `<vision_start>`, one image token per
-    merged patch, `<vision_end>`, text tokens; the image's patches drawn from N(0, 1) (normalised pixels)."""
-    import torch
-
-    vision = config.vision_config
-    merge = vision.spatial_merge_size
-    t, h, w = _IMAGE_GRID[0], _IMAGE_GRID[1] * merge // 2, _IMAGE_GRID[2] * merge // 2
-    generator = torch.Generator().manual_seed(seed)
-    special = {config.image_token_id, config.video_token_id, config.vision_start_token_id, config.vision_end_token_id}
-    vocab = config.get_text_config().vocab_size
-    text = [int(i) for i in torch.randint(0, vocab, (4 * _PROMPT_TOKENS,), generator=generator) if int(i) not in special]
-    text = text[:_PROMPT_TOKENS]
-    n_image = t * h * w // merge ** 2
-    ids = text[:2] + [config.vision_start_token_id] + [config.image_token_id] * n_image + \
-        [config.vision_end_token_id] + text[2:]
-    input_ids = torch.tensor([ids])
-    patch = vision.in_channels * vision.temporal_patch_size * vision.patch_size ** 2
-    return {
-        "input_ids": input_ids,
-        "attention_mask": torch.ones_like(input_ids),
-        "mm_token_type_ids": (input_ids == config.image_token_id).int(),
-        "pixel_values": torch.randn(t * h * w, patch, generator=generator),
-        "image_grid_thw": torch.tensor([[t, h, w]]),
-    }
+    """The validation image and prompt of `config`'s family (`Family.validation_inputs`), as `generate()` takes them."""
+    return family_of(config.model_type).validation_inputs(config, seed)
 
 
 def capture_reference(pt_model, new_tokens: int) -> Reference:
@@ -140,42 +123,43 @@ def capture_reference(pt_model, new_tokens: int) -> Reference:
     import torch
 
     config = pt_model.config
+    family = family_of(config.model_type)
     inputs = validation_inputs(config)
     language = pt_model.model.language_model
     calls: list[dict[str, np.ndarray]] = []
+    outer: list[dict[str, Any]] = []
+
+    def model_call(module, args, kwargs):
+        outer[:] = [kwargs]
 
     def before(module, args, kwargs):
-        calls.append({
-            "inputs_embeds": kwargs["inputs_embeds"].detach().float().numpy().copy(),
-            "attention_mask": kwargs["attention_mask"].detach().numpy().astype(np.int64).copy(),
-            "position_ids": kwargs["position_ids"].detach().numpy().astype(np.int64).copy(),
-        })
+        calls.append({**family.call_inputs(outer[0], kwargs),
+                      "inputs_embeds": kwargs["inputs_embeds"].detach().float().numpy().copy()})
 
     def after(module, args, output):
         calls[-1]["logits"] = output[:, -1, :].detach().float().numpy().copy()
 
     images: list[np.ndarray] = []
 
-    def vision(module, args, output):  # the vision tower's merged output, at the prefill
-        images.append(output.pooler_output.detach().float().numpy().copy())
+    def vision(module, args, output):  # the image embeddings, at the prefill
+        images.append(family.image_embeds(output))
 
-    hooks = [language.register_forward_pre_hook(before, with_kwargs=True),
+    hooks = [pt_model.register_forward_pre_hook(model_call, with_kwargs=True),
+             language.register_forward_pre_hook(before, with_kwargs=True),
              pt_model.lm_head.register_forward_hook(after),
-             pt_model.model.visual.register_forward_hook(vision)]
+             pt_model.get_submodule(family.image_module).register_forward_hook(vision)]
     try:
         with torch.no_grad():  # the vision tower runs inside generate(), under the float32 compute of a 16-bit model
             out = pt_model.generate(**inputs, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False,
                                     num_beams=1, pad_token_id=0)
-            text = pt_model.get_input_embeddings().weight[inputs["input_ids"]].float().numpy()
+            text = pt_model.get_input_embeddings()(inputs["input_ids"]).float().numpy()
     finally:
         for hook in hooks:
             hook.remove()
-    image = np.concatenate(images, axis=0)
     prompt = inputs["input_ids"].shape[1]
     return Reference(
-        input_ids=inputs["input_ids"].numpy(), attention_mask=inputs["attention_mask"].numpy(),
-        pixel_values=inputs["pixel_values"].numpy(), image_grid_thw=inputs["image_grid_thw"].numpy(),
-        image_embeds=image, text_embeds=text, calls=calls, tokens=out[0, prompt:].tolist(),
+        model_type=config.model_type, inputs={k: v.numpy() for k, v in inputs.items()},
+        image_embeds=np.concatenate(images, axis=0), text_embeds=text, calls=calls, tokens=out[0, prompt:].tolist(),
         architecture=type(pt_model).__name__,
     )
 
@@ -183,20 +167,18 @@ def capture_reference(pt_model, new_tokens: int) -> Reference:
 def validate_parts(directory: Path, reference: Reference, weight_format: str | None) -> dict:
     """The exported parts in `directory` against PyTorch's `reference` (see the module docstring, item 4)."""
     import openvino as ov
-    import torch
     from optimum.intel import OVModelForVisualCausalLM
 
     from ..proof.judge import RELATIVE_TOLERANCE, judge_logits, scaled_tolerance
     from ..runtimes.session import EXACT_CONFIG
 
+    family = family_of(reference.model_type)
     fmt = weight_format or _compressed_weights(directory / LANGUAGE_XML) or "fp32"
     enforced = fmt in RELATIVE_TOLERANCE
     parts = OVModelForVisualCausalLM.from_pretrained(directory, ov_config=dict(EXACT_CONFIG), compile=False)
     core = ov.Core()
     # the vision parts, run as OVModelForVisualCausalLM runs them
-    image = parts.get_vision_embeddings(torch.from_numpy(reference.pixel_values),
-                                        torch.from_numpy(reference.image_grid_thw))
-    image = np.asarray(image, dtype=np.float32)
+    image = family.ov_image_embeds(parts, reference.inputs)
     text_model = core.compile_model(directory / TEXT_EMBEDDINGS_XML, "CPU", EXACT_CONFIG)
     embed = lambda ids: text_model(ids)[0].astype(np.float32)  # noqa: E731
     text = embed(reference.input_ids)
@@ -216,8 +198,8 @@ def validate_parts(directory: Path, reference: Reference, weight_format: str | N
     names = {port.get_any_name() for port in compiled.inputs}
     outputs = []
     for call, inputs_embeds in zip(reference.calls, embeds):
-        feed = {"inputs_embeds": inputs_embeds, "attention_mask": call["attention_mask"],
-                "position_ids": call["position_ids"], "beam_idx": np.zeros(inputs_embeds.shape[0], dtype=np.int32)}
+        feed = {**{k: v for k, v in call.items() if k not in ("inputs_embeds", "logits")},
+                "inputs_embeds": inputs_embeds, "beam_idx": np.zeros(inputs_embeds.shape[0], dtype=np.int32)}
         request.infer({k: v for k, v in feed.items() if k in names})
         outputs.append(request.get_tensor("logits").data[:, -1, :].astype(np.float32).copy())
     del request, compiled
@@ -233,7 +215,7 @@ def validate_parts(directory: Path, reference: Reference, weight_format: str | N
                f"(tolerance {RELATIVE_TOLERANCE[fmt] * scale:.2e})")
     report = {
         "compile_config": dict(EXACT_CONFIG),
-        "run": {"mode": "whole", "parts": 1, "image": {"grid_thw": reference.image_grid_thw[0].tolist()}},
+        "run": {"mode": "whole", "parts": 1, "image": family.describe_image(reference.inputs)},
         "prompt_tokens": int(reference.input_ids.shape[1]),
         "decode_steps": len(reference.calls) - 1,
         **judged,
@@ -283,8 +265,9 @@ class _VlmExport:
 
                 # the decoder layers upcast one at a time; the vision tower (it reads its weights' dtype) held in
                 # float32 for the whole forward
-                self.reference, report = capture_fp32(pt_model, lambda: capture_reference(pt_model, tokens),
-                                                      whole_forward=("model.visual",))
+                self.reference, report = capture_fp32(
+                    pt_model, lambda: capture_reference(pt_model, tokens),
+                    whole_forward=family_of(pt_model.config.model_type).vision_modules)
                 if report.low_precision_inputs:
                     self.reference.notes.append("validation reference computed with 16-bit activations into "
                                                 + ", ".join(sorted(report.low_precision_inputs)))

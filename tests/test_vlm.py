@@ -118,6 +118,8 @@ def _genai_tokens(out, kind: str, prompt: str) -> list[int]:
         def end(self):
             pass
 
+    # the default attention backend (PagedAttention); GenAI's SDPA backend steps Gemma 3's decode positions one back
+    # (docs/multimodal.md), with optimum-intel's own export as with this one
     pipe = ov_genai.VLMPipeline(str(out), "CPU", **EXACT)
     config = ov_genai.GenerationConfig(max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, ignore_eos=True)
     streamer = Tokens()

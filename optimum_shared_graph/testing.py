@@ -284,6 +284,20 @@ MULTIMODAL: dict[str, dict[str, Any]] = {
 # computed anything passes a check against it. A trained projection is not zero, and neither is the tiny one.
 _ZERO_INIT_MULTIMODAL: dict[str, tuple[str, ...]] = {"gemma3": ("model.multi_modal_projector.mm_input_projection_weight",)}
 
+# Multimodal types exported whole only (`--task image-text-to-text-shared`, `build_tiny_multimodal`), out of
+# `MULTIMODAL`, whose types scripts/coverage.py exports text-only: llava keeps text-generation-shared's fallback to
+# optimum-intel's image-text-to-text (tests/test_fallback.py). Same keys as `MULTIMODAL`.
+# llava-hf/llava-1.5-7b-hf: a CLIP vision tower (24 layers of 1024, patches of 14 on 336 x 336 images) read at its
+# second-to-last layer (vision_feature_layer -2, so two layers here), the CLS feature dropped ("default"), a
+# two-layer GELU projector; a llama text model with its own head.
+WHOLE_ONLY: dict[str, dict[str, Any]] = {
+    "llava": dict(text="llama", vision=dict(model_type="clip_vision_model", hidden_size=32, intermediate_size=64,
+                                            num_hidden_layers=2, num_attention_heads=2, image_size=64, patch_size=16,
+                                            projection_dim=32),
+                  extra=dict(projector_hidden_act="gelu", vision_feature_layer=-2,
+                             vision_feature_select_strategy="default", image_seq_length=16), tie=False),
+}
+
 # transformers 5.5 saves a Qwen3.5 vision tower as `model.language_model.visual.*` (its text model's weight
 # renaming applied in reverse); the published checkpoints name it `model.visual.*`, which 5.5 loads the same.
 _PUBLISHED_NAMES = {"qwen3_5": [("model.language_model.visual.", "model.visual.")],
@@ -401,7 +415,7 @@ def tiny_multimodal_config(model_type: str, **text_overrides: Any):
     type under `text_config` (with only the keys its released configuration has), a one-block vision config."""
     from transformers import AutoConfig
 
-    family = MULTIMODAL[model_type]
+    family = MULTIMODAL[model_type] if model_type in MULTIMODAL else WHOLE_ONLY[model_type]
     text = tiny_config(family["text"], **text_overrides).to_diff_dict()
     for key in ("model_type", "transformers_version", "architectures"):
         text.pop(key, None)
@@ -800,6 +814,51 @@ VLM_PROCESSORS["gemma3"] = dict(
     image_seq_length=4,
     chat_template=_GEMMA3_CHAT_TEMPLATE,
     build=_gemma3_processor,
+)
+
+
+# llava-hf/llava-1.5-7b-hf's chat template: `USER: <image>\n... ASSISTANT:`, the processor expanding `<image>` to one
+# token per image feature.
+_LLAVA_CHAT_TEMPLATE = (
+    "{% for message in messages %}{% if message['role'] != 'system' %}{{ message['role'].upper() + ': '}}{% endif %}"
+    "{% for content in message['content'] | selectattr('type', 'equalto', 'image') %}{{ '<image>\n' }}{% endfor %}"
+    "{% for content in message['content'] | selectattr('type', 'equalto', 'text') %}{{ content['text'] + ' '}}"
+    "{% endfor %}{% endfor %}{% if add_generation_prompt %}{{ 'ASSISTANT:' }}{% endif %}"
+)
+
+
+def _llava_processor(spec: dict[str, Any], tokenizer: Any, out_dir: Path) -> Any:
+    """llava-hf/llava-1.5-7b-hf's processor: CLIPImageProcessor (preprocessor_config.json), LlavaProcessor
+    (processor_config.json)."""
+    from transformers import CLIPImageProcessor, LlavaProcessor
+
+    image = CLIPImageProcessor(**spec["image_processor"])
+    processor = LlavaProcessor(image_processor=image, tokenizer=tokenizer, chat_template=spec["chat_template"],
+                               **spec["processor"])
+    image.save_pretrained(str(out_dir))
+    tokenizer.save_pretrained(str(out_dir))
+    path = out_dir / "preprocessor_config.json"
+    config = json.loads(path.read_text())
+    path.write_text(json.dumps(dict(sorted({**config, "processor_class": "LlavaProcessor"}.items())), indent=2) + "\n")
+    (out_dir / "processor_config.json").write_text(json.dumps(
+        {**spec["processor"], "processor_class": "LlavaProcessor"}, indent=2, sort_keys=True) + "\n")
+    return processor
+
+
+# llava-hf/llava-1.5-7b-hf: `<image>` (image_token_index, an id of the tiny tokenizer here; the release's 32000), the
+# OpenAI CLIP preprocessing (shortest edge resized bicubic, center crop, CLIP's mean and std) at the tiny tower's
+# 64 x 64 (4 x 4 patches of 16: 16 image tokens, image_seq_length).
+VLM_PROCESSORS["llava"] = dict(
+    specials=["<pad>", "<s>", "</s>", "<image>"],
+    tokens=dict(image_token="<image>"),
+    ids=dict(image_token_index=3),
+    image_processor=dict(size={"shortest_edge": 64}, crop_size={"height": 64, "width": 64}, do_center_crop=True,
+                         resample=3, image_mean=[0.48145466, 0.4578275, 0.40821073],
+                         image_std=[0.26862954, 0.26130258, 0.27577711]),
+    processor=dict(image_token="<image>", num_additional_image_tokens=1, patch_size=16,
+                   vision_feature_select_strategy="default"),
+    chat_template=_LLAVA_CHAT_TEMPLATE,
+    build=_llava_processor,
 )
 
 

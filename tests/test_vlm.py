@@ -1,5 +1,5 @@
-"""`--task image-text-to-text-shared` (`pipeline/vlm.py`): the whole Qwen3.5 or Gemma 3 model in optimum-intel's
-VLM layout.
+"""`--task image-text-to-text-shared` (`pipeline/vlm.py`): the whole Qwen3.5, Gemma 3 or LLaVA model in
+optimum-intel's VLM layout.
 
 The checkpoints are laid out like the published ones, with their processor (`testing.build_tiny_multimodal(...,
 processor=True)`: image processor, tokenizer with the image tokens, chat template), so a real image (a small
@@ -10,7 +10,7 @@ optimum-intel 2.2's `_OVQwen3_5ForCausalLM.generate()` cannot run under transfor
 `prepare_inputs_for_generation` indexes a `cache_position` 5.5's `generate()` no longer passes, and its position
 ids call 5.5's `get_rope_index` without the `mm_token_type_ids` it now requires), so the OVModelForVisualCausalLM
 check drives the loaded model's own `forward()` greedily, with the (4, batch, seq) positions PyTorch starts from.
-For Gemma 3 its `generate()` runs.
+For Gemma 3 and LLaVA its `generate()` runs.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ NEW_TOKENS = 12
 # that differ (from the first token, for every type), so each consumer's tokens show it ran the image, not only the
 # text (checked in each test). For Gemma 3 the prompt is also one where the image's bidirectional attention decides
 # some tokens: PyTorch without `token_type_ids` (a causal mask over the image) gives other tokens (checked too).
-PROMPTS = {"qwen3_5": "hello", "qwen3_5_moe": "hello", "gemma3": "What is in the image?"}
+PROMPTS = {"qwen3_5": "hello", "qwen3_5_moe": "hello", "gemma3": "What is in the image?", "llava": "hello"}
 IMAGES = ("noise", "white")
 # optimum-intel's image-text-to-text layout of each type (what OVModelForVisualCausalLM and VLMPipeline load), and
 # its language model's inputs
@@ -39,14 +39,16 @@ _QWEN_GRAPHS = ["openvino_language_model.xml", "openvino_text_embeddings_model.x
                 "openvino_vision_embeddings_merger_model.xml", "openvino_vision_embeddings_model.xml",
                 "openvino_vision_embeddings_pos_model.xml"]
 _QWEN_INPUTS = {"attention_mask": "[?,?]", "beam_idx": "[?]", "inputs_embeds": "[?,?,64]", "position_ids": "[4,?,?]"}
-GRAPHS = {"qwen3_5": _QWEN_GRAPHS, "qwen3_5_moe": _QWEN_GRAPHS,
-          "gemma3": ["openvino_language_model.xml", "openvino_text_embeddings_model.xml",
-                     "openvino_vision_embeddings_model.xml"]}
+_PROJECTED_GRAPHS = ["openvino_language_model.xml", "openvino_text_embeddings_model.xml",
+                     "openvino_vision_embeddings_model.xml"]
+_PLAIN_INPUTS = {"attention_mask": "[?,?]", "beam_idx": "[?]", "inputs_embeds": "[?,?,64]", "position_ids": "[?,?]"}
+GRAPHS = {"qwen3_5": _QWEN_GRAPHS, "qwen3_5_moe": _QWEN_GRAPHS, "gemma3": _PROJECTED_GRAPHS,
+          "llava": _PROJECTED_GRAPHS}
 LANGUAGE_INPUTS = {"qwen3_5": _QWEN_INPUTS, "qwen3_5_moe": _QWEN_INPUTS,
-                   "gemma3": {"attention_mask": "[?,?]", "beam_idx": "[?]", "inputs_embeds": "[?,?,64]",
-                              "position_ids": "[?,?]", "token_type_ids": "[?,?]"}}
+                   "gemma3": {**_PLAIN_INPUTS, "token_type_ids": "[?,?]"}, "llava": _PLAIN_INPUTS}
 FIXES = {"qwen3_5": "optimum_shared_graph.architectures.qwen3_5", "qwen3_5_moe": "optimum_shared_graph.architectures.qwen3_5",
-         "gemma3": None}
+         "gemma3": None, "llava": None}
+IMAGE_TOKENS = {"qwen3_5": 4, "qwen3_5_moe": 4, "gemma3": 4, "llava": 16}
 
 
 @pytest.fixture(scope="module")
@@ -183,7 +185,8 @@ def _check_artifact(path, out, proc, model_type):
     assert manifest.graph["files"][0] == manifest.graph["language_model"] == "openvino_language_model.xml"
     validation = manifest.validation
     assert validation["status"] == "passed" and validation["greedy_match"], validation
-    assert validation["vision"]["image_tokens"] == 4 and validation["vision"]["max_abs_diff_image_embeds"] < 1e-4
+    assert validation["vision"]["image_tokens"] == IMAGE_TOKENS[model_type]
+    assert validation["vision"]["max_abs_diff_image_embeds"] < 1e-4
     # the language model: one stateful graph fed inputs_embeds (and Qwen3.5's (4, batch, seq) positions, Gemma 3's
     # token types), last-position logits
     language = ov.Core().read_model(out / "openvino_language_model.xml")
@@ -204,7 +207,7 @@ def _check_artifact(path, out, proc, model_type):
 
 @pytest.mark.slow  # about 55 s each (an export through optimum-cli, PyTorch, VLMPipeline)
 @pytest.mark.timeout(900)
-@pytest.mark.parametrize("model_type", ["qwen3_5", "qwen3_5_moe", "gemma3"])
+@pytest.mark.parametrize("model_type", ["qwen3_5", "qwen3_5_moe", "gemma3", "llava"])
 def test_image_prompt_greedy_parity_through_genai(model_type, vlm):
     """The export, its layout and manifest, and VLMPipeline's greedy tokens on an image and a text prompt."""
     path, out, proc = vlm(model_type)
@@ -216,7 +219,7 @@ def test_image_prompt_greedy_parity_through_genai(model_type, vlm):
 
 @pytest.mark.slow  # the export of the test above (shared by the module's fixture), then about 5 s
 @pytest.mark.timeout(900)
-@pytest.mark.parametrize("model_type", ["qwen3_5", "qwen3_5_moe", "gemma3"])
+@pytest.mark.parametrize("model_type", ["qwen3_5", "qwen3_5_moe", "gemma3", "llava"])
 def test_image_prompt_greedy_parity_through_optimum(model_type, vlm):
     from optimum.intel import OVModelForVisualCausalLM
 
@@ -224,10 +227,10 @@ def test_image_prompt_greedy_parity_through_optimum(model_type, vlm):
     model, runs = _pytorch(path, model_type)
     ov_model = OVModelForVisualCausalLM.from_pretrained(out, ov_config=EXACT)
     for kind, (enc, reference, logits) in runs.items():
-        if model_type == "gemma3":
-            tokens, prefill = _optimum_generate(ov_model, enc)
-        else:
+        if model_type.startswith("qwen3_5"):
             tokens, prefill = _optimum_tokens(ov_model, enc, model)
+        else:
+            tokens, prefill = _optimum_generate(ov_model, enc)
         assert tokens == reference, kind
         assert np.max(np.abs(prefill - logits)) < 1e-4, kind
 
@@ -244,8 +247,8 @@ def test_type_it_cannot_export_is_refused_before_any_work(tmp_path, capsys):
         run_cli_in_process("export", "openvino", "-m", str(model), "--task", "image-text-to-text-shared", str(out))
     lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error: ")]
     assert len(lines) == 1
-    assert "mistral3 is not a model type --task image-text-to-text-shared exports (it exports gemma3, qwen3_5, " \
-        "qwen3_5_moe)" in lines[0]
+    assert "mistral3 is not a model type --task image-text-to-text-shared exports (it exports gemma3, llava, " \
+        "qwen3_5, qwen3_5_moe)" in lines[0]
     assert not out.exists() and not [p for p in tmp_path.iterdir() if p.name.endswith(".partial")]
 
 

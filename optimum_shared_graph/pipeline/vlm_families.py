@@ -116,31 +116,30 @@ class Qwen3_5(Family):
         return {"grid_thw": inputs["image_grid_thw"][0].tolist()}
 
 
-class Gemma3(Family):
-    """Gemma 3: one `image_size` x `image_size` image (what `Gemma3ImageProcessor` resizes to), its SigLIP tower's
-    patches pooled and projected to `mm_tokens_per_image` image tokens between `<start_of_image>` and
-    `<end_of_image>`; the language model takes `token_type_ids` (1 at the image tokens), from which it attends
-    bidirectionally within an image at the prefill, and plain positions."""
+class _ProjectedImage(Family):
+    """One `image_size` x `image_size` image (what the image processor resizes or crops to) through the vision tower
+    and the multi-modal projector, whose output rows are the image tokens' embeddings; plain (batch, seq)
+    positions."""
 
-    model_types = ("gemma3",)
     image_module = "model.multi_modal_projector"
     vision_modules = ("model.vision_tower", "model.multi_modal_projector")
 
+    def image_tokens(self, config) -> tuple[list[int], set[int]]:
+        """The image's tokens in the prompt, and the special ids no text token may be."""
+        raise NotImplementedError
+
     def validation_inputs(self, config, seed: int = 0) -> dict[str, Any]:
-        """Text tokens, `<start_of_image>`, `mm_tokens_per_image` image tokens, `<end_of_image>`, text tokens; the
-        image's pixels drawn from N(0, 1) (normalised)."""
+        """Text tokens, the image's tokens, text tokens; the image's pixels drawn from N(0, 1) (normalised)."""
         import torch
 
         vision = config.vision_config
         generator = torch.Generator().manual_seed(seed)
-        text = _text_tokens(config, {config.image_token_id, config.boi_token_id, config.eoi_token_id}, generator)
-        ids = text[:2] + [config.boi_token_id] + [config.image_token_id] * config.mm_tokens_per_image + \
-            [config.eoi_token_id] + text[2:]
-        input_ids = torch.tensor([ids])
+        image, special = self.image_tokens(config)
+        text = _text_tokens(config, special, generator)
+        input_ids = torch.tensor([text[:2] + image + text[2:]])
         return {
             "input_ids": input_ids,
             "attention_mask": torch.ones_like(input_ids),
-            "token_type_ids": (input_ids == config.image_token_id).long(),
             "pixel_values": torch.randn(1, vision.num_channels, vision.image_size, vision.image_size,
                                         generator=generator),
         }
@@ -149,10 +148,9 @@ class Gemma3(Family):
         return output.detach().float().numpy().reshape(-1, output.shape[-1]).copy()
 
     def call_inputs(self, outer, language):
-        # the 2D mask and the token types of the call's tokens, as the model was given them (its language model gets
-        # the 4D masks made from them); the positions as its language model got them
+        # the 2D mask as the model was given it (a language model may get 4D masks made from it); the positions as
+        # its language model got them
         return {"attention_mask": _np(outer["attention_mask"]).astype(np.int64),
-                "token_type_ids": _np(outer["token_type_ids"]).astype(np.int64),
                 "position_ids": _np(language["position_ids"]).astype(np.int64)}
 
     def ov_image_embeds(self, parts, inputs):
@@ -165,7 +163,42 @@ class Gemma3(Family):
         return {"size": list(inputs["pixel_values"].shape[-2:])}
 
 
-FAMILIES: dict[str, Family] = {t: family for family in (Qwen3_5(), Gemma3()) for t in family.model_types}
+class Gemma3(_ProjectedImage):
+    """Gemma 3: the SigLIP tower's patches pooled and projected to `mm_tokens_per_image` image tokens between
+    `<start_of_image>` and `<end_of_image>`; the language model takes `token_type_ids` (1 at the image tokens), from
+    which it attends bidirectionally within an image at the prefill."""
+
+    model_types = ("gemma3",)
+
+    def image_tokens(self, config):
+        image = [config.boi_token_id] + [config.image_token_id] * config.mm_tokens_per_image + [config.eoi_token_id]
+        return image, {config.image_token_id, config.boi_token_id, config.eoi_token_id}
+
+    def validation_inputs(self, config, seed: int = 0) -> dict[str, Any]:
+        inputs = super().validation_inputs(config, seed)
+        return {**inputs, "token_type_ids": (inputs["input_ids"] == config.image_token_id).long()}
+
+    def call_inputs(self, outer, language):
+        # and the token types of the call's tokens, as the model was given them
+        return {**super().call_inputs(outer, language),
+                "token_type_ids": _np(outer["token_type_ids"]).astype(np.int64)}
+
+
+class LLaVA(_ProjectedImage):
+    """LLaVA: the CLIP tower's features of `vision_feature_layer` (less the CLS one with the `default` strategy)
+    projected to one image token each (`image_seq_length` of them)."""
+
+    model_types = ("llava",)
+
+    def image_tokens(self, config):
+        vision = config.vision_config
+        patches = (vision.image_size // vision.patch_size) ** 2
+        count = patches + (config.vision_feature_select_strategy == "full")
+        return [config.image_token_id] * count, {config.image_token_id}
+
+
+FAMILIES: dict[str, Family] = {t: family for family in (Qwen3_5(), Gemma3(), LLaVA())
+                               for t in family.model_types}
 
 
 def family_of(model_type: str) -> Family:

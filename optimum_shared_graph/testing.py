@@ -410,16 +410,17 @@ def build_tiny_model(model_type: str, out_dir: str | Path, *, seed: int = 0, tok
     return model
 
 
-def tiny_multimodal_config(model_type: str, **text_overrides: Any):
-    """A tiny configuration of a multimodal model type of `MULTIMODAL`: the tiny text config of its text model
-    type under `text_config` (with only the keys its released configuration has), a one-block vision config."""
+def tiny_multimodal_config(model_type: str, *, vision_overrides: dict[str, Any] | None = None, **text_overrides: Any):
+    """A tiny configuration of a multimodal model type of `MULTIMODAL` (or `WHOLE_ONLY`): the tiny text config of its
+    text model type under `text_config` (with only the keys its released configuration has), a one-block vision
+    config (with `vision_overrides`)."""
     from transformers import AutoConfig
 
     family = MULTIMODAL[model_type] if model_type in MULTIMODAL else WHOLE_ONLY[model_type]
     text = tiny_config(family["text"], **text_overrides).to_diff_dict()
     for key in ("model_type", "transformers_version", "architectures"):
         text.pop(key, None)
-    vision = dict(family["vision"], initializer_range=0.1)
+    vision = dict(family["vision"], initializer_range=0.1, **(vision_overrides or {}))
     if "out_hidden_size" in vision:  # the vision tower's output is the text model's input width
         vision["out_hidden_size"] = text["hidden_size"]
     tie = family.get("tie", text.get("tie_word_embeddings", False))
@@ -442,7 +443,8 @@ def build_tiny_multimodal(model_type: str, out_dir: str | Path, *, seed: int = 0
 
     if processor:
         text_overrides = {**VLM_PROCESSORS[model_type].get("text", {}), **text_overrides}
-    config = tiny_multimodal_config(model_type, **text_overrides)
+    config = tiny_multimodal_config(model_type, vision_overrides=VLM_PROCESSORS[model_type].get("vision")
+                                    if processor else None, **text_overrides)
     if processor:  # the image token ids (top-level keys of the published config) are the tokenizer's
         for key, token_id in VLM_PROCESSORS[model_type]["ids"].items():
             setattr(config, key, token_id)
@@ -859,6 +861,55 @@ VLM_PROCESSORS["llava"] = dict(
                    vision_feature_select_strategy="default"),
     chat_template=_LLAVA_CHAT_TEMPLATE,
     build=_llava_processor,
+)
+
+
+# mistralai/Mistral-Small-3.1-24B-Instruct-2503's chat template reduced to a user turn with images and text (the
+# published one adds a default system prompt, tools and role checks): `[INST]...[/INST]`, an image `[IMG]`, which the
+# processor expands to rows of `[IMG]` (one per merged patch) ended by `[IMG_BREAK]`, the last by `[IMG_END]`.
+_MISTRAL3_CHAT_TEMPLATE = (
+    "{{ bos_token }}{% for message in messages %}{% if message['role'] == 'user' %}{{ '[INST]' }}"
+    "{% if message['content'] is string %}{{ message['content'] }}{% else %}{% for item in message['content'] %}"
+    "{% if item['type'] == 'image' %}{{ '[IMG]' }}{% elif item['type'] == 'text' %}{{ item['text'] }}{% endif %}"
+    "{% endfor %}{% endif %}{{ '[/INST]' }}{% else %}{{ message['content'] + eos_token }}{% endif %}{% endfor %}"
+)
+
+
+def _pixtral_processor(spec: dict[str, Any], tokenizer: Any, out_dir: Path) -> Any:
+    """Mistral-Small-3.1's processor: PixtralImageProcessor (preprocessor_config.json), PixtralProcessor
+    (processor_config.json)."""
+    from transformers import PixtralImageProcessor, PixtralProcessor
+
+    image = PixtralImageProcessor(**spec["image_processor"])
+    processor = PixtralProcessor(image_processor=image, tokenizer=tokenizer, chat_template=spec["chat_template"],
+                                 **spec["processor"])
+    image.save_pretrained(str(out_dir))
+    tokenizer.save_pretrained(str(out_dir))
+    path = out_dir / "preprocessor_config.json"
+    config = json.loads(path.read_text())
+    path.write_text(json.dumps(dict(sorted({**config, "processor_class": "PixtralProcessor"}.items())), indent=2) + "\n")
+    (out_dir / "processor_config.json").write_text(json.dumps(
+        {**spec["processor"], "processor_class": "PixtralProcessor"}, indent=2, sort_keys=True) + "\n")
+    return processor
+
+
+# mistralai/Mistral-Small-3.1-24B-Instruct-2503: `[IMG]`, `[IMG_BREAK]`, `[IMG_END]` (the release's ids 10, 12, 13;
+# the tiny tokenizer's here, image_token_index the config's key), the Pixtral preprocessing (resized to fit the
+# longest edge, bicubic, in whole patches; CLIP's mean and std), patches of 14 merged 2 x 2. The vision tower takes
+# images up to 56 x 56 here (image_size; the release's 1540): a 56 x 56 image is 4 x 4 patches, 2 x 2 merged, 4 image
+# tokens.
+VLM_PROCESSORS["mistral3"] = dict(
+    specials=["<pad>", "<s>", "</s>", "[INST]", "[/INST]", "[IMG]", "[IMG_BREAK]", "[IMG_END]"],
+    tokens=dict(image_token="[IMG]", image_break_token="[IMG_BREAK]", image_end_token="[IMG_END]"),
+    ids=dict(image_token_index=5),
+    vision=dict(image_size=56),
+    image_processor=dict(size={"longest_edge": 56}, patch_size={"height": 14, "width": 14}, resample=3,
+                         image_mean=[0.48145466, 0.4578275, 0.40821073],
+                         image_std=[0.26862954, 0.26130258, 0.27577711]),
+    processor=dict(image_token="[IMG]", image_break_token="[IMG_BREAK]", image_end_token="[IMG_END]", patch_size=14,
+                   spatial_merge_size=2),
+    chat_template=_MISTRAL3_CHAT_TEMPLATE,
+    build=_pixtral_processor,
 )
 
 

@@ -197,7 +197,34 @@ class LLaVA(_ProjectedImage):
         return [config.image_token_id] * count, {config.image_token_id}
 
 
-FAMILIES: dict[str, Family] = {t: family for family in (Qwen3_5(), Gemma3(), LLaVA())
+class Mistral3(_ProjectedImage):
+    """Mistral 3: the Pixtral tower's patches of an image of `image_sizes`, merged `spatial_merge_size` x
+    `spatial_merge_size` and projected to one image token each (the processor puts `[IMG_BREAK]` after each row and
+    `[IMG_END]` last: text tokens to the model, left out of the validation prompt, which needs no processor)."""
+
+    model_types = ("mistral3",)
+
+    def image_tokens(self, config):
+        vision = config.vision_config
+        side = vision.image_size // vision.patch_size // config.spatial_merge_size
+        return [config.image_token_id] * side ** 2, {config.image_token_id}
+
+    def validation_inputs(self, config, seed: int = 0) -> dict[str, Any]:
+        import torch
+
+        inputs = super().validation_inputs(config, seed)
+        return {**inputs, "image_sizes": torch.tensor([list(inputs["pixel_values"].shape[-2:])])}
+
+    def ov_image_embeds(self, parts, inputs):
+        import torch
+
+        image = parts.get_vision_embeddings(torch.from_numpy(inputs["pixel_values"]),
+                                            image_sizes=torch.from_numpy(inputs["image_sizes"]))
+        image = np.asarray(image, dtype=np.float32)
+        return image.reshape(-1, image.shape[-1])
+
+
+FAMILIES: dict[str, Family] = {t: family for family in (Qwen3_5(), Gemma3(), LLaVA(), Mistral3())
                                for t in family.model_types}
 
 

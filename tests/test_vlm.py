@@ -352,13 +352,14 @@ def test_validate_through_the_vlm_consumers(model_type, vlm, tmp_path):
         osg.validate(out, consumer="genai")
 
 
-# Default properties on this CPU (bf16 compute): the tiny Qwen3.5 language model's logits differ from PyTorch's by
-# more than the 16-bit rule (3e-2 of max |logit|) through OVModelForVisualCausalLM, and VLMPipeline's greedy
-# picks flip for the dense model: its OpenVINO CPU bf16 compute (GatedDeltaNet and its recurrent state in bf16)
-# against float32. Not the vision parts (their bf16 with the language model in f32: 0.003 at most) nor the graph
-# (exact in f32, above); PyTorch's own bf16 differs from its float32 by 0.14 on the same inputs, and the
-# text-generation-shared artifact of the tiny qwen3_5_text fails validate() through openvino and optimum at the
-# defaults too (docs/multimodal.md). Pinned (strict): a change in either direction shows here.
+# Default properties on this CPU (bf16 compute): 3 of the 4 fail. Through OVModelForVisualCausalLM the tiny Qwen3.5
+# language model's logits differ from PyTorch's by more than the 16-bit rule (3e-2 of max |logit|: 0.27 against
+# 0.094 dense, 0.15 against 0.097 MoE); through VLMPipeline (its default PagedAttention backend) the dense model's
+# first pick flips where PyTorch's top-2 margin is 0.219. Not the vision parts (their bf16 with the language model
+# in f32: 0.003 at most) nor the graph (exact in f32, above; within 0.01 in f16, below): PyTorch's own bf16 differs
+# from its float32 by 0.14 on the same inputs, and the text-generation-shared artifact of the tiny qwen3_5_text fails
+# validate() through openvino and optimum at the defaults as well (docs/multimodal.md has the figures). Pinned
+# (strict xfail, a judged failure only): a change in either direction shows here.
 DEFAULTS_FAIL = {("qwen3_5", "optimum-vlm"), ("qwen3_5", "genai-vlm"), ("qwen3_5_moe", "optimum-vlm")}
 
 
@@ -379,3 +380,23 @@ def test_validate_through_the_vlm_consumers_at_the_default_properties(model_type
         assert "does not reproduce PyTorch" in str(err) and "tolerance" in str(err), err
         raise
     assert report["status"] == "passed" and report["rule"] == "fp16", report
+
+
+@pytest.mark.slow  # the export of the tests above (the module's fixture), then about 20 s
+@pytest.mark.timeout(900)
+def test_reduced_precision_judged_by_the_margins(vlm):
+    """Reduced precision that passes for the dense model: VLMPipeline in bf16 with an f32 KV cache picks differently
+    at two near-ties (PyTorch's margins 0.028 and 0.043, tolerance 0.094) and is restarted from the reference's
+    context (the chat-templated prompt and the decoded tokens, which give back the reference's ids), so every call is
+    compared; OVModelForVisualCausalLM computing in f16 stays within the 16-bit rule."""
+    import optimum_shared_graph as osg
+
+    _path, out, _proc = vlm("qwen3_5")
+    genai = osg.validate(out, consumer="genai-vlm", properties={"KV_CACHE_PRECISION": "f32"})
+    assert genai["status"] == "passed" and genai["rule"] == "fp16" and genai["precision"]["inference"] == "bf16"
+    ties = genai["differing_steps"]
+    assert ties and all(d["near_tie"] and d["margin"] <= genai["tolerance"] for d in ties), genai
+    assert genai["compared_tokens"] == [genai["greedy_tokens"]] and genai["restarts"] == [len(ties)], genai
+    optimum = osg.validate(out, consumer="optimum-vlm", properties={"INFERENCE_PRECISION_HINT": "f16"})
+    assert optimum["status"] == "passed" and optimum["rule"] == "fp16" and optimum["precision"]["inference"] == "f16"
+    assert 1e-4 < optimum["max_abs_diff_prefill"] < optimum["tolerance"], optimum  # rounded, and within the rule

@@ -400,3 +400,29 @@ def test_reduced_precision_judged_by_the_margins(vlm):
     optimum = osg.validate(out, consumer="optimum-vlm", properties={"INFERENCE_PRECISION_HINT": "f16"})
     assert optimum["status"] == "passed" and optimum["rule"] == "fp16" and optimum["precision"]["inference"] == "f16"
     assert 1e-4 < optimum["max_abs_diff_prefill"] < optimum["tolerance"], optimum  # rounded, and within the rule
+
+
+@pytest.mark.slow  # the checkpoint of the module's fixture, then an export (about 30 s)
+@pytest.mark.timeout(900)
+def test_a_checkpoint_without_its_image_processor_stores_no_reference(vlm, tmp_path):
+    """The export still passes (its own check needs no processor); validate() says in one line why there is nothing
+    to run and how to get it."""
+    import shutil
+
+    import optimum_shared_graph as osg
+
+    path, _out, _proc = vlm("qwen3_5")
+    bare = tmp_path / "bare"
+    shutil.copytree(path, bare)
+    for name in ("preprocessor_config.json", "video_preprocessor_config.json"):
+        (bare / name).unlink()
+    out = tmp_path / "out"
+    run_cli_in_process("export", "openvino", "-m", str(bare), "--task", "image-text-to-text-shared", str(out))
+    validation = read_manifest(out).validation
+    assert validation["status"] == "passed" and "reference" not in validation
+    assert validation["reference_missing"].startswith("the checkpoint's processor did not load (OSError: ")
+    assert not (out / "shared_graph_reference.npz").exists()
+    with pytest.raises(ArtifactValidationError, match=r"has no stored reference to validate against: the checkpoint's "
+                                                      r"processor did not load .* re-export from the checkpoint "
+                                                      r"directory with its processor files"):
+        osg.validate(out, consumer="genai-vlm")

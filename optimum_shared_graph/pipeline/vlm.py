@@ -22,7 +22,8 @@ names, its tokenizer conversion), and:
    model graph fed what the OpenVINO parts computed (the prompt's text embeddings with the OpenVINO image
    embeddings merged in at the image tokens, then each greedy token's OpenVINO embedding), judged against
    PyTorch's logits with the rules of text-generation-shared's validation (`proof/judge.py`);
-5. the manifest (`task: image-text-to-text-shared`) and the artifact moved into place, as for a text model.
+5. the manifest (`task: image-text-to-text-shared`) and the artifact moved into place, as for a text model, with
+   the reference `validate()` runs (`vlm_reference.py`: recorded in `on_model` through the checkpoint's processor).
 
 The validation image needs no processor: its patches are drawn (seeded) in the processor's output layout and
 the prompt is built from the configuration's image token ids.

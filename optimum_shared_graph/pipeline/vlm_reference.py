@@ -28,7 +28,9 @@ def capture(pt_model, source, new_tokens: int, trust_remote_code: bool = False) 
 
     processor, why = load_processor(source, trust_remote_code)
     if processor is None:
-        return None, f"{why}, so no image and prompt were recorded at export"
+        return None, (f"{why}, so no image and prompt were recorded at export: re-export from the checkpoint "
+                      "directory with its processor files (preprocessor_config.json, the tokenizer and its chat "
+                      "template) to get one")
     image = validation_image()
     inputs = processor_inputs(processor, image, PROMPT)
     saved = pt_model.generation_config
@@ -49,8 +51,9 @@ def capture(pt_model, source, new_tokens: int, trust_remote_code: bool = False) 
 
 def to_store(reference: Reference | None, missing: str | None, validation: dict) -> Reference | None:
     """The reference the artifact stores: the captured one where the export's check was enforced, else None with
-    why under `validation["reference_missing"]` (nothing when validation was skipped: the report says so)."""
+    why under `validation["reference_missing"]`."""
     if validation.get("status") == "skipped":
+        validation["reference_missing"] = "it was exported with --skip-validation: re-export it without"
         return None
     if reference is not None and not validation.get("enforced"):
         reference, missing = None, ("its language model's weights are compressed, whose difference from PyTorch "

@@ -66,7 +66,7 @@ def load_processor(source, trust_remote_code: bool = False):
 
         processor = AutoProcessor.from_pretrained(str(source), trust_remote_code=trust_remote_code)
     except Exception as err:  # no processor files, or ones transformers cannot read
-        text = " ".join(str(err).split())[:200]
+        text = " ".join(str(err).split()).split(". ")[0][:200]
         return None, f"the checkpoint's processor did not load ({type(err).__name__}: {text})"
     if getattr(processor, "image_processor", None) is None:
         return None, "the checkpoint has no image processor (its processor files: preprocessor_config.json)"

@@ -12,34 +12,72 @@ from .manifest import Manifest
 from .options import ExportOptions
 from .pipeline import export as pipeline
 from .quantization.calibration import resolve_config_dataset
-from .tasks import BASE_TASK
+from .errors import InvalidOptionsError
+from .tasks import BASE_TASK, TASK, VLM_SHARED_TASK
+
+# the options `task="image-text-to-text-shared"` takes: the CLI's flags for it (`cli._VLM_FLAGS`) and the ones
+# optimum-intel's own flags set (`cli.options_from_args`); the others are refused as the CLI refuses their flags
+VLM_OPTIONS = ("logits", "skip_validation", "validation_new_tokens", "quiet", "stateful", "weight_format",
+               "trust_remote_code", "convert_tokenizer")
 
 
-def export(model_or_path: Any, output_dir: str | os.PathLike, **options: Any) -> Manifest:
-    """Export a causal LM as one OpenVINO decoder graph for prefill and decode.
+def export(model_or_path: Any, output_dir: str | os.PathLike, *, task: str = TASK, **options: Any) -> Manifest:
+    """Export a causal LM as one OpenVINO decoder graph for prefill and decode, or (`task=
+    "image-text-to-text-shared"`) a vision-language model in optimum-intel's layout with its language model as
+    that graph.
 
     Args:
-        model_or_path: a hub model id, a local model directory, or a loaded transformers causal LM
-            (saved to a temporary directory first).
+        model_or_path: a hub model id, a local model directory, or a loaded transformers model
+            (saved to a temporary directory first; a loaded vision-language model has no processor beside it,
+            so its artifact stores no reference for `validate()`).
         output_dir: where the artifact goes. Written only once validation has passed.
-        **options: the fields of `ExportOptions` (`logits="all"`, `weight_format="int8"`, ...).
+        task: `"text-generation-shared"` (the default) or `"image-text-to-text-shared"`
+            (Qwen3.5, Qwen3.5-MoE: [Multimodal checkpoints](multimodal.md)), as `optimum-cli --task`.
+        **options: the fields of `ExportOptions` (`logits="all"`, `weight_format="int8"`, ...). With
+            `task="image-text-to-text-shared"` only `logits`, `skip_validation`, `validation_new_tokens`,
+            `quiet`, `stateful`, `weight_format`, `trust_remote_code` and `convert_tokenizer` apply.
 
     Returns:
         The `Manifest` written to `output_dir/shared_graph.json`.
+
+    Raises:
+        InvalidOptionsError: an unknown task, or an option that does not apply to the task (one line).
 
     Example:
         >>> import optimum_shared_graph as osg
         >>> manifest = osg.export("./tiny-llama", "./tiny-llama-ov")  # doctest: +SKIP
         >>> manifest.partitioning, manifest.logits  # doctest: +SKIP
         ('shared', 'last')
+        >>> osg.export("./tiny-qwen3.5", "./tiny-qwen3.5-ov", task="image-text-to-text-shared").task  # doctest: +SKIP
+        'image-text-to-text-shared'
     """
+    if task not in (TASK, VLM_SHARED_TASK):
+        raise InvalidOptionsError(f"task must be {TASK!r} or {VLM_SHARED_TASK!r}, got {task!r}")
     opts = ExportOptions.from_dict(options)
+    if task == VLM_SHARED_TASK:
+        given = [name for name in options if name not in VLM_OPTIONS]
+        if given:
+            raise InvalidOptionsError(f"{', '.join(given)} does not apply with task {VLM_SHARED_TASK!r}")
+        return _export_vlm(model_or_path, output_dir, opts)
     quantization = _api_quantization(opts)
     if hasattr(model_or_path, "save_pretrained"):
         with tempfile.TemporaryDirectory(prefix="osg-model-") as tmp:
             model_or_path.save_pretrained(tmp)
             return pipeline.run_export(tmp, output_dir, opts, raw_export=_api_raw_export(opts), quantization=quantization)
     return pipeline.run_export(str(model_or_path), output_dir, opts, raw_export=_api_raw_export(opts), quantization=quantization)
+
+
+def _export_vlm(model_or_path: Any, output_dir, opts: ExportOptions) -> Manifest:
+    """`task="image-text-to-text-shared"`: `pipeline/vlm.run_vlm_export` with optimum-intel's `main_export`."""
+    from .pipeline import vlm
+
+    raw_export = _api_raw_export(opts)
+    quantization = {"weight_format": opts.weight_format, "quant_mode": None, "dataset": None}
+    if hasattr(model_or_path, "save_pretrained"):
+        with tempfile.TemporaryDirectory(prefix="osg-model-") as tmp:
+            model_or_path.save_pretrained(tmp)
+            return vlm.run_vlm_export(tmp, output_dir, opts, raw_export=raw_export, quantization=quantization)
+    return vlm.run_vlm_export(str(model_or_path), output_dir, opts, raw_export=raw_export, quantization=quantization)
 
 
 def _api_quantization(opts: ExportOptions) -> dict[str, Any]:

@@ -15,7 +15,7 @@ import sys
 
 from .errors import InvalidOptionsError, SharedGraphError
 
-CONSUMERS = ("openvino", "optimum", "runtime", "genai", "continuous-batching")
+CONSUMERS = ("openvino", "optimum", "runtime", "genai", "continuous-batching", "optimum-vlm", "genai-vlm")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -25,7 +25,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "runtime: optimum_shared_graph.runtime() (static artifacts too); these three compare every "
                              "call's logits, teacher-forced. genai: OpenVINO GenAI's LLMPipeline (the NPU pipeline on "
                              "--device NPU); continuous-batching: its ContinuousBatchingPipeline; these two compare "
-                             "greedy tokens.")
+                             "greedy tokens. An image-text-to-text-shared artifact: optimum-vlm "
+                             "(OVModelForVisualCausalLM, teacher-forced) or genai-vlm (GenAI's VLMPipeline, greedy "
+                             "tokens), on the stored image and prompt.")
     parser.add_argument("--device", default="CPU", help="the OpenVINO device (CPU, GPU, NPU, ...). Default: CPU")
     parser.add_argument("--property", "-p", action="append", default=[], metavar="KEY=VALUE", dest="properties",
                         help="a compile property for the consumer (repeat the flag for several), e.g. "
@@ -74,6 +76,8 @@ def summary(artifact: str, report: dict) -> str:
                    f"decode {report['max_abs_diff_decode']:.2e}, top-1 agreement {report['top1_agreement']:.2f}")
     else:
         figures = f"greedy tokens compared: {', '.join(map(str, report['compared_tokens']))} of {report['greedy_tokens']}"
+        if report.get("not_compared"):
+            figures += f" ({report['not_compared'][0]['reason']})"
     ties = [d for d in report["differing_steps"] if d["near_tie"]]
     if ties:
         figures += f", {len(ties)} near-tie{'s' if len(ties) > 1 else ''}"

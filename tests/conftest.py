@@ -245,9 +245,11 @@ def unloadable_copy(model: Path, dest: Path) -> Path:
     return dest
 
 
-def break_decode(artifact: Path, dest: Path) -> Path:
-    """A copy of `artifact` at `dest` whose graph negates the logits of every one-token call (a broken decode),
-    with the manifest's digests updated to the new graph, as if a wrong graph had been exported into the directory."""
+def break_decode(artifact: Path, dest: Path, graph_file: str = "openvino_model.xml") -> Path:
+    """A copy of `artifact` at `dest` whose graph (`graph_file`: a vision-language artifact's language model is
+    `openvino_language_model.xml`, fed `inputs_embeds`) negates the logits of every one-token call (a broken
+    decode), with the manifest's digests updated to the new graph, as if a wrong graph had been exported into the
+    directory."""
     import json
     import shutil
 
@@ -258,10 +260,10 @@ def break_decode(artifact: Path, dest: Path) -> Path:
     from optimum_shared_graph.manifest import MANIFEST_NAME, digest_graph_files
 
     shutil.copytree(artifact, dest)
-    graph = ov.Core().read_model(dest / "openvino_model.xml")
+    graph = ov.Core().read_model(dest / graph_file)
     result = next(r for r in graph.get_results() if "logits" in r.output(0).get_names())
     logits = result.input(0).get_source_output()
-    ids = next(p for p in graph.inputs if p.get_any_name() == "input_ids")
+    ids = next(p for p in graph.inputs if p.get_any_name() in ("input_ids", "inputs_embeds"))
     length = ops.gather(ops.shape_of(ids.get_node().output(0)), ops.constant([1]), ops.constant(0))
     one = ops.equal(length, ops.constant(np.array([1], np.int64)))
     result.input(0).replace_source_output(ops.select(one, ops.negative(logits), logits).output(0))
@@ -270,7 +272,7 @@ def break_decode(artifact: Path, dest: Path) -> Path:
     ov.save_model(graph, f"{staged}.xml", compress_to_fp16=False)  # not over the .bin it maps
     del graph
     for suffix in (".xml", ".bin"):
-        shutil.move(f"{staged}{suffix}", dest / f"openvino_model{suffix}")
+        shutil.move(f"{staged}{suffix}", dest / graph_file.replace(".xml", suffix))
     manifest = json.loads((dest / MANIFEST_NAME).read_text())
     manifest["files"], manifest["files_xxh3_128"] = digest_graph_files(dest, sorted(manifest["files"]))
     (dest / MANIFEST_NAME).write_text(json.dumps(manifest))

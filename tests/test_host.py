@@ -187,3 +187,21 @@ def test_importing_host_imports_no_library():
             "print(sorted(m for m in ('optimum', 'transformers', 'torch', 'openvino') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_the_qwen3_5_generate_fix_is_active_inside_and_undone_on_exit_also_after_an_error():
+    """`qwen3_5_generate_fixed` replaces three entries of `_OVQwen3_5ForCausalLM` for a while (it has no
+    `get_vision_position_ids` of its own): on exit the class is as it was."""
+    from optimum.intel.openvino.modeling_visual_language import _OVQwen3_5ForCausalLM as cls
+
+    names = ("_prepare_position_ids_for_generation", "prepare_inputs_for_generation", "get_vision_position_ids")
+    before = {name: vars(cls).get(name, "absent") for name in names}
+    assert before["get_vision_position_ids"] == "absent"
+    with host.qwen3_5_generate_fixed():
+        assert all(vars(cls).get(name, "absent") is not before[name] for name in names)
+        assert "mm_token_type_ids" in inspect.signature(cls.prepare_inputs_for_generation).parameters
+    assert {name: vars(cls).get(name, "absent") for name in names} == before
+    with pytest.raises(RuntimeError, match="inside"):
+        with host.qwen3_5_generate_fixed():
+            raise RuntimeError("inside")
+    assert {name: vars(cls).get(name, "absent") for name in names} == before

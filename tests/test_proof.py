@@ -209,6 +209,8 @@ def test_a_changed_or_missing_reference_is_refused(artifacts, tmp_path):
     (["--consumer", "genai"], "is a static artifact, which genai cannot load"),
     (["-p", "INFERENCE_PRECISION_HINT"], "is not KEY=VALUE"),
     (["--device", "NO_SUCH_DEVICE"], "openvino on NO_SUCH_DEVICE could not run"),
+    (["--consumer", "genai-vlm"], "is a text-generation-shared artifact, and consumer 'genai-vlm' runs "
+                                  "image-text-to-text-shared artifacts only: validate it with consumer 'openvino'"),
 ])
 def test_bad_requests_get_one_line(artifacts, args, expected):
     proc = run_cli("shared-graph", "validate", str(artifacts("static")), *args)
@@ -244,3 +246,27 @@ def test_the_module_entry_point_is_the_same_command(artifacts):
     proc = subprocess.run([sys.executable, "-m", "optimum_shared_graph", "validate", str(artifacts("unchecked"))],
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 2 and "has no stored reference" in error_line(proc)
+
+
+def test_a_consumer_that_cannot_restart_is_compared_up_to_there():
+    """A greedy consumer that takes text (VLMPipeline, `proof/vlm.py`) cannot always restart from the reference's
+    token ids after a near-tie: the calls after it are reported as not compared, and the verdict is the judge's on
+    the calls compared (a decisive difference before it still fails)."""
+    from optimum_shared_graph.proof.judge import CannotRestart, judge_tokens
+
+    logits = np.zeros((4, 1, 8), np.float32)
+    for step, (top, second) in enumerate([(1, 0.5), (2, 0.01), (3, 0.5), (4, 0.5)]):
+        logits[step, 0, top], logits[step, 0, 7] = 1.0, 1.0 - second  # token 7 the runner-up, `second` behind
+    fed = np.array([[1, 2, 3, 4]])
+
+    def generate(row, start):  # picks the runner-up at the near-tie (step 1); cannot start from a fed context
+        if start:
+            raise CannotRestart("the context does not come back from its text")
+        return [1, 7, 3, 4]
+
+    report, why = judge_tokens(generate, list(logits), fed, tolerance=0.05)
+    assert why is None and report["compared_tokens"] == [2] and report["differing_steps"][0]["near_tie"]
+    assert report["not_compared"] == [{"row": 0, "from_step": 2, "calls": 2,
+                                       "reason": "the context does not come back from its text"}]
+    report, why = judge_tokens(lambda row, start: [7, 2, 3, 4], list(logits), fed, tolerance=0.05)
+    assert "greedy token 0 differs (1 expected, 7 got)" in why and "not_compared" not in report

@@ -23,7 +23,7 @@ import torch
 
 from conftest import EXACT, run_cli, run_cli_in_process
 
-from optimum_shared_graph import read_manifest
+from optimum_shared_graph import ArtifactValidationError, read_manifest
 
 NEW_TOKENS = 12
 # A random-init model's greedy tokens follow its last input token more than anything before it, and every prompt
@@ -376,3 +376,140 @@ def test_validation_refuses_a_gemma3_language_model_that_attends_the_image_causa
         shutil.move(broken / f"staged{suffix}", broken / LANGUAGE_XML.replace(".xml", suffix))
     with pytest.raises(ExportValidationError, match="does not reproduce Gemma3ForConditionalGeneration"):
         validate_parts(broken, reference, None)
+
+
+def _stored_reference_is_pytorchs(path, out):
+    """The artifact's stored reference: PyTorch's greedy generate() on the stored image and prompt through the
+    checkpoint's own processor and chat template, each call's logits (recomputed here, in float32)."""
+    from transformers import AutoModelForImageTextToText, AutoProcessor
+
+    from optimum_shared_graph.proof.stored import Reference
+    from optimum_shared_graph.proof.vlm import PROMPT, processor_inputs, validation_image
+
+    record = read_manifest(out).validation["reference"]
+    assert record["image"] == [64, 64] and record["prompt"] == PROMPT and record["judged_against"] == "pytorch"
+    assert record["bytes"] < 64_000, record  # the image, a few KB, and 8 calls' logits
+    reference = Reference.load(out, record)
+    assert np.array_equal(reference.image, validation_image())
+    processor = AutoProcessor.from_pretrained(path)
+    inputs = processor_inputs(processor, reference.image, reference.prompt)
+    assert np.array_equal(inputs["input_ids"].numpy(), reference.prompt_ids)
+    model = AutoModelForImageTextToText.from_pretrained(path, dtype=torch.float32).eval()
+    assert int((inputs["input_ids"] == model.config.image_token_id).sum()) == 4  # the prompt holds the image
+    with torch.no_grad():
+        out_pt = model.generate(**inputs, max_new_tokens=reference.fed.shape[1], min_new_tokens=reference.fed.shape[1],
+                                do_sample=False, pad_token_id=0, output_logits=True, return_dict_in_generate=True)
+    prompt = inputs["input_ids"].shape[1]
+    assert out_pt.sequences[0, prompt:].tolist() == reference.fed[0].tolist()
+    assert np.max(np.abs(np.stack([s.numpy() for s in out_pt.logits]) - reference.logits)) < 1e-5
+    return reference
+
+
+@pytest.mark.slow  # the export of the tests above (the module's fixture), then about 40 s
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("model_type", ["qwen3_5", "qwen3_5_moe"])
+def test_validate_through_the_vlm_consumers(model_type, vlm, tmp_path):
+    """`validate()` of the artifact through optimum-vlm (OVModelForVisualCausalLM.generate(), teacher-forced) and
+    genai-vlm (VLMPipeline, greedy) under f32 properties: exact; the same artifact with its language model's decode
+    logits negated fails both, naming the tolerance; a text-generation consumer is refused in one line."""
+    import optimum_shared_graph as osg
+    from optimum_shared_graph import ArtifactValidationError
+
+    from conftest import break_decode
+
+    path, out, _proc = vlm(model_type)
+    reference = _stored_reference_is_pytorchs(path, out)
+    calls = reference.fed.shape[1]
+    optimum = osg.validate(out, consumer="optimum-vlm", properties=EXACT)
+    assert optimum["status"] == "passed" and optimum["rule"] == "fp32" and optimum["terms"] == []
+    assert optimum["greedy_match"] and optimum["greedy_tokens"] == calls
+    assert optimum["max_abs_diff_prefill"] < 1e-4 and optimum["max_abs_diff_decode"] < 1e-4, optimum
+    genai = osg.validate(out, consumer="genai-vlm", properties=EXACT)
+    assert genai["status"] == "passed" and genai["rule"] == "fp32" and genai["greedy_match"]
+    assert genai["compared_tokens"] == [calls] and "not_compared" not in genai, genai
+
+    broken = break_decode(out, tmp_path / "broken", "openvino_language_model.xml")
+    for consumer in ("optimum-vlm", "genai-vlm"):
+        with pytest.raises(ArtifactValidationError, match=rf"{consumer} on CPU does not reproduce PyTorch: .*"
+                                                          r"(above|exceeds) the tolerance 0\.00"):
+            osg.validate(broken, consumer=consumer, properties=EXACT)
+
+    with pytest.raises(ArtifactValidationError, match=r"is an image-text-to-text-shared artifact, which consumer "
+                                                      r"'genai' does not run .* 'genai-vlm' .* 'optimum-vlm'"):
+        osg.validate(out, consumer="genai")
+
+
+# Default properties on this CPU (bf16 compute): 3 of the 4 fail. Through OVModelForVisualCausalLM the tiny Qwen3.5
+# language model's logits differ from PyTorch's by more than the 16-bit rule (3e-2 of max |logit|: 0.27 against
+# 0.094 dense, 0.15 against 0.097 MoE); through VLMPipeline (its default PagedAttention backend) the dense model's
+# first pick flips where PyTorch's top-2 margin is 0.219. Not the vision parts (their bf16 with the language model
+# in f32: 0.003 at most) nor the graph (exact in f32, above; within 0.01 in f16, below): PyTorch's own bf16 differs
+# from its float32 by 0.14 on the same inputs, and the text-generation-shared artifact of the tiny qwen3_5_text fails
+# validate() through openvino and optimum at the defaults as well (docs/multimodal.md has the figures). Pinned
+# (strict xfail, a judged failure only): a change in either direction shows here.
+DEFAULTS_FAIL = {("qwen3_5", "optimum-vlm"), ("qwen3_5", "genai-vlm"), ("qwen3_5_moe", "optimum-vlm")}
+
+
+@pytest.mark.slow  # the export of the tests above (the module's fixture), then about 15 s each
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("model_type,consumer", [
+    pytest.param(t, c, marks=[pytest.mark.xfail(strict=True, raises=ArtifactValidationError, reason="bf16: DEFAULTS_FAIL")]
+                 if (t, c) in DEFAULTS_FAIL else [])
+    for t in ("qwen3_5", "qwen3_5_moe") for c in ("optimum-vlm", "genai-vlm")])
+def test_validate_through_the_vlm_consumers_at_the_default_properties(model_type, consumer, vlm):
+    """Judged by the margins (the 16-bit rule), as validate() judges any consumer computing in reduced precision."""
+    import optimum_shared_graph as osg
+
+    _path, out, _proc = vlm(model_type)
+    try:
+        report = osg.validate(out, consumer=consumer)
+    except ArtifactValidationError as err:  # the failure is a judged one, not the consumer failing to run
+        assert "does not reproduce PyTorch" in str(err) and "tolerance" in str(err), err
+        raise
+    assert report["status"] == "passed" and report["rule"] == "fp16", report
+
+
+@pytest.mark.slow  # the export of the tests above (the module's fixture), then about 20 s
+@pytest.mark.timeout(900)
+def test_reduced_precision_judged_by_the_margins(vlm):
+    """Reduced precision that passes for the dense model: VLMPipeline in bf16 with an f32 KV cache picks differently
+    at two near-ties (PyTorch's margins 0.028 and 0.043, tolerance 0.094) and is restarted from the reference's
+    context (the chat-templated prompt and the decoded tokens, which give back the reference's ids), so every call is
+    compared; OVModelForVisualCausalLM computing in f16 stays within the 16-bit rule."""
+    import optimum_shared_graph as osg
+
+    _path, out, _proc = vlm("qwen3_5")
+    genai = osg.validate(out, consumer="genai-vlm", properties={"KV_CACHE_PRECISION": "f32"})
+    assert genai["status"] == "passed" and genai["rule"] == "fp16" and genai["precision"]["inference"] == "bf16"
+    ties = genai["differing_steps"]
+    assert ties and all(d["near_tie"] and d["margin"] <= genai["tolerance"] for d in ties), genai
+    assert genai["compared_tokens"] == [genai["greedy_tokens"]] and genai["restarts"] == [len(ties)], genai
+    optimum = osg.validate(out, consumer="optimum-vlm", properties={"INFERENCE_PRECISION_HINT": "f16"})
+    assert optimum["status"] == "passed" and optimum["rule"] == "fp16" and optimum["precision"]["inference"] == "f16"
+    assert 1e-4 < optimum["max_abs_diff_prefill"] < optimum["tolerance"], optimum  # rounded, and within the rule
+
+
+@pytest.mark.slow  # the checkpoint of the module's fixture, then an export (about 30 s)
+@pytest.mark.timeout(900)
+def test_a_checkpoint_without_its_image_processor_stores_no_reference(vlm, tmp_path):
+    """The export still passes (its own check needs no processor); validate() says in one line why there is nothing
+    to run and how to get it."""
+    import shutil
+
+    import optimum_shared_graph as osg
+
+    path, _out, _proc = vlm("qwen3_5")
+    bare = tmp_path / "bare"
+    shutil.copytree(path, bare)
+    for name in ("preprocessor_config.json", "video_preprocessor_config.json"):
+        (bare / name).unlink()
+    out = tmp_path / "out"
+    run_cli_in_process("export", "openvino", "-m", str(bare), "--task", "image-text-to-text-shared", str(out))
+    validation = read_manifest(out).validation
+    assert validation["status"] == "passed" and "reference" not in validation
+    assert validation["reference_missing"].startswith("the checkpoint's processor did not load (OSError: ")
+    assert not (out / "shared_graph_reference.npz").exists()
+    with pytest.raises(ArtifactValidationError, match=r"has no stored reference to validate against: the checkpoint's "
+                                                      r"processor did not load .* re-export from the checkpoint "
+                                                      r"directory with its processor files"):
+        osg.validate(out, consumer="genai-vlm")

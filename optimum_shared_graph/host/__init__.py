@@ -29,6 +29,7 @@ from .tasks_manager import (
     export_configs_replaced, model_loads_wrapped, openvino_entries, task_registered,
 )
 from .trace import attention_functions_wrapped, cache_passed_through, mask_functions_wrapped
+from .visual_generate import qwen3_5_generate_fixed
 
 
 @dataclass(frozen=True)
@@ -122,11 +123,32 @@ PATCHES: tuple[Patch, ...] = (
           "the patcher's argument overrides, applied as optimum-intel applies them",
           "pipeline/static.export_static_graph (stage 4)",
           parameters=("args", "kwargs", "forward_signature", "model_kwargs")),
+    # validate() of an image-text-to-text-shared artifact through OVModelForVisualCausalLM (host/visual_generate.py)
+    Patch("qwen3_5_generate_fixed",
+          "optimum.intel.openvino.modeling_visual_language:_OVQwen3_5ForCausalLM._prepare_position_ids_for_generation",
+          "transformers 5.5's M-RoPE positions for generate() (optimum-intel's calls 5.5's get_rope_index without "
+          "mm_token_type_ids)", "proof/vlm_consumers.optimum_vlm (validate(), consumer optimum-vlm)",
+          parameters=("inputs_tensor", "model_kwargs"),
+          reached_by=("transformers.generation.utils:GenerationMixin.generate",)),
+    Patch("qwen3_5_generate_fixed",
+          "optimum.intel.openvino.modeling_visual_language:_OVQwen3_5ForCausalLM.prepare_inputs_for_generation",
+          "optimum-intel's, given the cache_position 5.5's generate() no longer passes and each call's own "
+          "positions; generate() takes the processor's mm_token_type_ids",
+          "proof/vlm_consumers.optimum_vlm (validate(), consumer optimum-vlm)",
+          parameters=("input_ids", "past_key_values", "attention_mask", "inputs_embeds", "cache_position",
+                      "position_ids"),
+          reached_by=("transformers.generation.utils:GenerationMixin._sample",)),
+    Patch("qwen3_5_generate_fixed", "optimum.intel.openvino.modeling_visual_language:_OVQwen3_5ForCausalLM",
+          "Qwen3_5Model.get_vision_position_ids, which transformers 5.5's get_rope_index (borrowed by the class) "
+          "calls", "proof/vlm_consumers.optimum_vlm (validate(), consumer optimum-vlm)",
+          attribute="get_vision_position_ids",
+          reached_by=("transformers.models.qwen3_5.modeling_qwen3_5:Qwen3_5Model.get_rope_index",)),
 )
 
 __all__ = [
     "PATCHES", "Patch", "attention_functions_wrapped", "cache_passed_through", "dynamic_graph_skipped",
     "export_command_extended", "export_configs_replaced", "graphs_before_save", "main_export_wrapped",
     "main_quantize_wrapped", "mask_functions_wrapped", "model_loads_wrapped", "models_handed_over",
-    "openvino_entries", "task_registered", "transformers_cap_lifted", "unexpected_keys_ignored",
+    "openvino_entries", "qwen3_5_generate_fixed", "task_registered", "transformers_cap_lifted",
+    "unexpected_keys_ignored",
 ]

@@ -25,7 +25,8 @@ optimum-intel's own export (its configs, its file names, its tokenizer conversio
    model graph fed what the OpenVINO parts computed (the prompt's text embeddings with the OpenVINO image
    embeddings merged in at the image tokens, then each greedy token's OpenVINO embedding), judged against
    PyTorch's logits with the rules of text-generation-shared's validation (`proof/judge.py`);
-5. the manifest (`task: image-text-to-text-shared`) and the artifact moved into place, as for a text model.
+5. the manifest (`task: image-text-to-text-shared`) and the artifact moved into place, as for a text model, with
+   the reference `validate()` runs (`vlm_reference.py`: recorded in `on_model` through the checkpoint's processor).
 
 What differs from family to family in items 3 and 4 (the validation image and prompt, where the image embeddings
 are, the language model's inputs, how the vision graphs run) is a `vlm_families.Family`; its model types are the
@@ -248,17 +249,25 @@ def _compressed_weights(xml: Path) -> str | None:
 class _VlmExport:
     """The hooks on optimum-intel's export: the reference before conversion, the logits slice at save."""
 
-    def __init__(self, opts: ExportOptions):
+    def __init__(self, opts: ExportOptions, source: str | None = None):
         self.opts = opts
         self.reference: Reference | None = None
         self.language_graphs = 0
+        self.source, self.stored, self.stored_missing = source, None, None  # validate()'s reference (vlm_reference)
 
     def on_model(self, pt_model, convert_model, written_to: Path):
         pt_model.eval()
         if not self.opts.skip_validation:
             progress.stage("recording generate()")
             tokens = max(4, self.opts.validation_new_tokens or 8)
+            from . import vlm_reference
             from .decompose import is_16bit
+
+            def capture():  # the parts' reference, then validate()'s through the checkpoint's processor
+                reference = capture_reference(pt_model, tokens)
+                self.stored, self.stored_missing = vlm_reference.capture(pt_model, self.source, tokens,
+                                                                         self.opts.trust_remote_code)
+                return reference
 
             if is_16bit(pt_model):  # the graph computes in float32 with the 16-bit weights: so does the reference
                 from .reference import capture_fp32
@@ -266,13 +275,12 @@ class _VlmExport:
                 # the decoder layers upcast one at a time; the vision tower (it reads its weights' dtype) held in
                 # float32 for the whole forward
                 self.reference, report = capture_fp32(
-                    pt_model, lambda: capture_reference(pt_model, tokens),
-                    whole_forward=family_of(pt_model.config.model_type).vision_modules)
+                    pt_model, capture, whole_forward=family_of(pt_model.config.model_type).vision_modules)
                 if report.low_precision_inputs:
                     self.reference.notes.append("validation reference computed with 16-bit activations into "
                                                 + ", ".join(sorted(report.low_precision_inputs)))
             else:
-                self.reference = capture_reference(pt_model, tokens)
+                self.reference = capture()
         progress.stage("converting (optimum-intel)")
         return convert_model()
 
@@ -311,7 +319,7 @@ def run_vlm_export(model: str, output_dir, opts: ExportOptions, *, raw_export: C
                 f"{', '.join(supported_vlm_types())}); for a text-only export of its language model use "
                 "--task text-generation-shared")
         weight_format = (quantization or {}).get("weight_format") or opts.weight_format
-        export = _VlmExport(opts)
+        export = _VlmExport(opts, source=model)
         with convert.staging(output) as staging:
             raw = staging / "raw"
             try:
@@ -350,7 +358,10 @@ def run_vlm_export(model: str, output_dir, opts: ExportOptions, *, raw_export: C
             manifest.task = VLM_SHARED_TASK
             manifest.graph["language_model"] = LANGUAGE_XML
             manifest.validation = validation
-            write.write_artifact(raw, staging / "final", {g: None for g in files}, manifest)
+            from .vlm_reference import to_store
+
+            stored = to_store(export.stored, export.stored_missing, validation)
+            write.write_artifact(raw, staging / "final", {g: None for g in files}, manifest, reference=stored)
             write.move_into_place(staging / "final", output)
         manifest.path = output / MANIFEST_NAME
         return manifest

@@ -10,7 +10,7 @@ from typing import Any
 
 from ..errors import ArtifactValidationError, InvalidOptionsError
 from ..manifest import read_manifest
-from . import consumers
+from . import consumers, vlm
 from .judge import REDUCED_PRECISION, judge_logits, judge_tokens, relative_tolerance, scaled_tolerance
 from .stored import Reference
 
@@ -26,7 +26,9 @@ def validate(path: str | os.PathLike, consumer: str = "openvino", device: str = 
         consumer: `"openvino"` (the graph compiled by OpenVINO Runtime), `"optimum"` (`OVModelForCausalLM`) or
             `"runtime"` (`optimum_shared_graph.runtime()`): teacher-forced, every call's logits compared;
             `"genai"` (OpenVINO GenAI's `LLMPipeline`; its NPU pipeline on device `"NPU"`) or
-            `"continuous-batching"` (its `ContinuousBatchingPipeline`): greedy tokens compared.
+            `"continuous-batching"` (its `ContinuousBatchingPipeline`): greedy tokens compared. An
+            image-text-to-text-shared artifact: `"optimum-vlm"` (`OVModelForVisualCausalLM`, teacher-forced) or
+            `"genai-vlm"` (GenAI's `VLMPipeline`, greedy tokens), on the stored image and prompt (`proof/vlm.py`).
         device: the OpenVINO device (`"CPU"`, `"GPU"`, `"NPU"`, ...).
         properties: compile properties for the consumer (as `ov_config` / `LLMPipeline(**properties)` take them).
             None: the artifact's defaults (its runtime options in the rt_info).
@@ -53,10 +55,12 @@ def validate(path: str | os.PathLike, consumer: str = "openvino", device: str = 
         raise InvalidOptionsError(f"device must be an OpenVINO device name such as 'CPU', got {device!r}")
     manifest = read_manifest(path)  # the graph files checked against their digests
     consumers.check_consumer(consumer, manifest, path)
-    reference = Reference.load(path, (manifest.validation or {}).get("reference"))
+    validation = manifest.validation or {}
+    reference = Reference.load(path, validation.get("reference"), validation.get("reference_missing"))
     started = time.monotonic()
+    run = vlm.run if consumer in consumers.VLM_CONSUMERS else consumers.run
     try:
-        outputs, precision = consumers.run(consumer, path, manifest, reference, device, properties)
+        outputs, precision = run(consumer, path, manifest, reference, device, properties)
     except ArtifactValidationError:
         raise
     except Exception as err:  # the consumer could not load or run the artifact: its own error, on one line

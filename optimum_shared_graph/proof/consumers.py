@@ -11,6 +11,9 @@ Greedy consumers (their tokens, from the stored prompt):
 
 - `genai`: OpenVINO GenAI's `LLMPipeline` (on `"NPU"`, its NPU pipeline);
 - `continuous-batching`: OpenVINO GenAI's `ContinuousBatchingPipeline`.
+
+An image-text-to-text-shared artifact has its own two (`proof/vlm.py`): `optimum-vlm` (teacher-forced) and
+`genai-vlm` (greedy).
 """
 
 from __future__ import annotations
@@ -21,11 +24,16 @@ import numpy as np
 
 from ..errors import ArtifactValidationError
 from ..manifest import Manifest
+from ..tasks import VLM_SHARED_TASK
 from .stored import Reference
 
-TEACHER_FORCED = ("openvino", "optimum", "runtime")
-GREEDY = ("genai", "continuous-batching")
-CONSUMERS = TEACHER_FORCED + GREEDY
+TEXT_CONSUMERS = ("openvino", "optimum", "runtime", "genai", "continuous-batching")
+# an image-text-to-text-shared artifact's consumers (`proof/vlm.py`): optimum-intel's OVModelForVisualCausalLM
+# (teacher-forced) and GenAI's VLMPipeline (greedy)
+VLM_CONSUMERS = ("optimum-vlm", "genai-vlm")
+TEACHER_FORCED = ("openvino", "optimum", "runtime", "optimum-vlm")
+GREEDY = ("genai", "continuous-batching", "genai-vlm")
+CONSUMERS = TEXT_CONSUMERS + VLM_CONSUMERS
 DYNAMIC_ONLY = ("optimum", "genai", "continuous-batching")
 
 
@@ -196,8 +204,16 @@ _RUNNERS = {"openvino": _openvino, "optimum": _optimum, "runtime": _runtime, "ge
 
 
 def check_consumer(consumer: str, manifest: Manifest, path: Path) -> None:
-    if consumer not in _RUNNERS:
+    if consumer not in CONSUMERS:
         raise ArtifactValidationError(f"unknown consumer {consumer!r}: choose one of {', '.join(CONSUMERS)}")
+    if manifest.task == VLM_SHARED_TASK and consumer not in VLM_CONSUMERS:
+        raise ArtifactValidationError(
+            f"{path} is an {VLM_SHARED_TASK} artifact, which consumer {consumer!r} does not run (it runs text-generation "
+            "artifacts): validate it with consumer 'genai-vlm' (VLMPipeline) or 'optimum-vlm' (OVModelForVisualCausalLM)")
+    if manifest.task != VLM_SHARED_TASK and consumer in VLM_CONSUMERS:
+        raise ArtifactValidationError(
+            f"{path} is a {manifest.task} artifact, and consumer {consumer!r} runs {VLM_SHARED_TASK} artifacts only: "
+            f"validate it with consumer {', '.join(repr(c) for c in TEXT_CONSUMERS)}")
     if manifest.shape_mode == "static" and consumer in DYNAMIC_ONLY:
         raise ArtifactValidationError(
             f"{path} is a static artifact, which {consumer} cannot load: validate it with consumer 'runtime' or 'openvino'")

@@ -39,6 +39,12 @@ TERMS = {
 }
 
 
+class CannotRestart(Exception):
+    """Raised by a greedy consumer's `generate(row, start)` that cannot start from the reference's context at
+    `start` (a pipeline that takes text, where the context's tokens do not come back from their text): the row's
+    later calls are not compared, and the report says so under `not_compared`."""
+
+
 def relative_tolerance(rule: str, terms: list[str] = ()) -> float:
     """The relative tolerance of `rule` ("fp32", "fp16") with the `TERMS` named in `terms`, in quadrature."""
     return float(np.sqrt(RELATIVE_TOLERANCE[rule] ** 2 + sum(TERMS[t] ** 2 for t in terms)))
@@ -129,15 +135,22 @@ def judge_tokens(generate, reference: list[np.ndarray], fed: np.ndarray, toleran
     argmax of call i while the consumer's context is the reference's: a consumer picks the raw argmax, the
     reference fed `generate()`'s pick (which logits processors can change), and after a near-tie the two
     contexts differ. Then the consumer is restarted with the reference's context up to that point (its prompt
-    extended by the fed tokens), so every call is compared, most of them as decode steps.
+    extended by the fed tokens), so every call is compared, most of them as decode steps; where the consumer
+    cannot start from that context (`generate` raises `CannotRestart`), the row's later calls are reported under
+    `not_compared`, with the reason.
     """
     calls = len(reference)
-    differing, compared, restarts = [], [], []
+    differing, compared, restarts, not_compared = [], [], [], []
     failed = False
     for row in range(fed.shape[0]):
         step, count, again = 0, 0, -1
         while step < calls and not failed:
-            got, start, again = list(generate(row, step)), step, again + 1
+            try:
+                got = list(generate(row, step))
+            except CannotRestart as err:
+                not_compared.append({"row": row, "from_step": step, "calls": calls - step, "reason": str(err)})
+                break
+            start, again = step, again + 1
             step = calls  # unless the contexts part below
             for s in range(start, calls):
                 expected = int(reference[s][row].argmax())
@@ -168,6 +181,7 @@ def judge_tokens(generate, reference: list[np.ndarray], fed: np.ndarray, toleran
         "first_mismatch_step": differing[0]["step"] if differing else None,
         "differing_steps": differing,
         "tolerance": tolerance,
+        **({"not_compared": not_compared} if not_compared else {}),
     }
     flips = [d for d in differing if not d["near_tie"]]
     if tolerance is None or not flips:

@@ -9,7 +9,10 @@ What it holds (numpy arrays, no pickled objects, no weights):
   the quantization's (recorded in the manifest at export), they are the exported graph's own, computed on the
   export machine's CPU in f32 (with the CPU plugin's default int8 quantization of the quantized matmuls'
   activations, whose group size the manifest's `validation.compile_config` records): a deployed check then asks
-  "does this device compute what the export computed".
+  "does this device compute what the export computed";
+- for an image-text-to-text-shared artifact also `image` (`[height, width, 3]`, uint8) and `prompt` (the user's text):
+  what the checkpoint's processor turned into `prompt_ids` through its chat template (`proof/vlm.py`); the
+  logits are PyTorch's, of the whole model's greedy `generate()` on them.
 
 The manifest records under `validation.reference` the file name, its sha256, its size and how it is judged;
 `validate()` refuses a file whose sha256 differs.
@@ -43,6 +46,8 @@ class Reference:
     fed: np.ndarray
     logits: np.ndarray  # [calls, batch, vocab]
     judged_against: str = "pytorch"  # or "graph"
+    image: np.ndarray | None = None  # [height, width, 3] uint8: an image-text reference's image
+    prompt: str | None = None  # an image-text reference's user text (the processor's chat template around it)
 
     @property
     def calls(self) -> list[np.ndarray]:
@@ -68,20 +73,28 @@ class Reference:
         """Write the reference into `directory`; return what the manifest records of it."""
         target = Path(directory) / REFERENCE_NAME
         arrays = {"prompt_ids": self.prompt_ids, "prompt_mask": self.prompt_mask, "fed": self.fed, "logits": self.logits}
+        if self.image is not None:
+            arrays.update(image=np.asarray(self.image, np.uint8), prompt=np.array(self.prompt or ""))
         with open(target, "wb") as f:
             np.savez_compressed(f, **arrays)
-        return {"file": REFERENCE_NAME, "sha256": sha256_file(target), "bytes": target.stat().st_size,
-                "judged_against": self.judged_against, "calls": int(self.logits.shape[0]),
-                "batch": int(self.logits.shape[1]), "prompt_tokens": int(self.prompt_ids.shape[1])}
+        record = {"file": REFERENCE_NAME, "sha256": sha256_file(target), "bytes": target.stat().st_size,
+                  "judged_against": self.judged_against, "calls": int(self.logits.shape[0]),
+                  "batch": int(self.logits.shape[1]), "prompt_tokens": int(self.prompt_ids.shape[1])}
+        if self.image is not None:
+            record.update(image=list(self.image.shape[:2]), prompt=self.prompt)
+        return record
 
     @classmethod
-    def load(cls, directory: Path, record: dict | None) -> "Reference":
-        """The reference the manifest's `validation.reference` names, checked against its sha256.
+    def load(cls, directory: Path, record: dict | None, missing: str | None = None) -> "Reference":
+        """The reference the manifest's `validation.reference` names, checked against its sha256; `missing` is why
+        the export stored none, where it said (`validation.reference_missing`).
 
         Raises:
             ArtifactValidationError: none recorded, the file is missing, or its sha256 differs.
         """
         directory = Path(directory)
+        if not record and missing:
+            raise ArtifactValidationError(f"{directory} has no stored reference to validate against: {missing}")
         if not record:
             raise ArtifactValidationError(
                 f"{directory} has no stored reference to validate against (exported before optimum-shared-graph 0.2, "
@@ -99,4 +112,5 @@ class Reference:
             arrays = {k: data[k] for k in data.files}
         return cls(prompt_ids=arrays["prompt_ids"], prompt_mask=arrays["prompt_mask"], fed=arrays["fed"],
                    logits=arrays["logits"],
-                   judged_against=record.get("judged_against", "pytorch"))
+                   judged_against=record.get("judged_against", "pytorch"),
+                   image=arrays.get("image"), prompt=str(arrays["prompt"]) if "prompt" in arrays else None)

@@ -1,0 +1,63 @@
+"""The reference an image-text-to-text-shared artifact stores for `validate()` (`proof/vlm.py` runs it).
+
+At export, before optimum-intel converts the PyTorch model it loaded (`vlm._VlmExport.on_model`, inside the
+float32 compute of a 16-bit model), the whole model's greedy `generate()` runs on the generated validation image
+and prompt, turned into its inputs by the checkpoint's own processor and chat template, with each call's logits
+(`output_logits=True`). No family-specific code: the processor and `generate()` are the model's own. The
+checkpoint's generation config is set aside for the call (no sampling, penalties or EOS of its own), so each
+pick is the argmax of the logits recorded and every call runs.
+
+Stored (`shared_graph_reference.npz`, `validation.reference` in the manifest) when the export's check was
+enforced (fp32 and fp16 weights); otherwise, or when the checkpoint has no processor with an image processor
+and a chat template, nothing is stored and `validation.reference_missing` says why (`validate()` repeats it).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..proof.stored import Reference
+from ..proof.vlm import PROMPT, load_processor, processor_inputs, validation_image
+
+
+def capture(pt_model, source, new_tokens: int, trust_remote_code: bool = False) -> tuple[Reference | None, str | None]:
+    """`(reference, None)`: PyTorch's greedy `generate()` of `new_tokens` on the validation image and prompt through
+    the processor of `source` (the checkpoint); `(None, why)` where it has no processor to record through."""
+    import torch
+    from transformers import GenerationConfig
+
+    processor, why = load_processor(source, trust_remote_code)
+    if processor is None:
+        return None, (f"{why}, so no image and prompt were recorded at export: re-export from the checkpoint "
+                      "directory with its processor files (preprocessor_config.json, the tokenizer and its chat "
+                      "template) to get one")
+    image = validation_image()
+    inputs = processor_inputs(processor, image, PROMPT)
+    saved = pt_model.generation_config
+    pt_model.generation_config = GenerationConfig()  # the checkpoint's sampling, penalties and EOS set aside
+    try:
+        with torch.no_grad():
+            out = pt_model.generate(**inputs, do_sample=False, num_beams=1, max_new_tokens=new_tokens,
+                                    output_logits=True, return_dict_in_generate=True, pad_token_id=0)
+    finally:
+        pt_model.generation_config = saved
+    prompt = inputs["input_ids"].shape[1]
+    return Reference(prompt_ids=inputs["input_ids"].numpy().astype(np.int64),
+                     prompt_mask=inputs["attention_mask"].numpy().astype(np.int64),
+                     fed=out.sequences[:, prompt:].numpy().astype(np.int64),
+                     logits=np.stack([step.float().numpy() for step in out.logits]),
+                     image=image, prompt=PROMPT), None
+
+
+def to_store(reference: Reference | None, missing: str | None, validation: dict) -> Reference | None:
+    """The reference the artifact stores: the captured one where the export's check was enforced, else None with
+    why under `validation["reference_missing"]`."""
+    if validation.get("status") == "skipped":
+        validation["reference_missing"] = "it was exported with --skip-validation: re-export it without"
+        return None
+    if reference is not None and not validation.get("enforced"):
+        reference, missing = None, ("its language model's weights are compressed, whose difference from PyTorch "
+                                    "the export recorded, not judged; a reference for them is not stored yet")
+    if reference is None:
+        validation["reference_missing"] = missing
+    return reference

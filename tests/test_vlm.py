@@ -36,7 +36,7 @@ PROMPTS = {"qwen3_5": "hello", "qwen3_5_moe": "hello", "gemma3": "What is in the
 # The images' size: 64 x 64 (Qwen3.5: 4 x 4 patches of 16; the others resize it to their tower's size), but 56 x 56
 # for Qwen2-VL and Qwen2.5-VL, which their processor does not resize (4 x 4 patches of 14): their VLMPipeline resizes
 # a 64 x 64 image to 56 x 56 with its own bicubic filter, whose pixels differ from the processor's enough that the
-# noise image gave other tokens than PyTorch's (the white one the same), through optimum-intel's own export too.
+# noise image gave other tokens than PyTorch's (the white one the same); at 56 x 56 both match.
 IMAGE_SIZE = {"qwen2_vl": 56, "qwen2_5_vl": 56}
 IMAGES = ("noise", "white")
 # optimum-intel's image-text-to-text layout of each type (what OVModelForVisualCausalLM and VLMPipeline load), and
@@ -316,10 +316,13 @@ def test_registered_and_fix_swapped_in_for_one_export():
 
 @pytest.mark.slow  # the export of the tests above (the module's fixture), then about 5 s
 @pytest.mark.timeout(900)
-def test_validation_refuses_a_language_model_that_ignores_the_image_positions(vlm, tmp_path):
-    """The export's check of the language model is decisive for the M-RoPE: the artifact's graph fed the text
-    positions on all three M-RoPE axes (a language model that ignores where the image's patches are, as a text-only
-    rotary would) is refused against the PyTorch reference, which the unchanged graph passes."""
+@pytest.mark.parametrize("model_type, architecture", [("qwen3_5", "Qwen3_5ForConditionalGeneration"),
+                                                      ("qwen2_vl", "Qwen2VLForConditionalGeneration")])
+def test_validation_refuses_a_language_model_that_ignores_the_image_positions(model_type, architecture, vlm, tmp_path):
+    """The export's check of the language model is decisive for the M-RoPE: the artifact's graph fed its first
+    positions row on every row (Qwen3.5: the text positions; Qwen2-VL: the temporal ones, the text positions at the
+    text tokens; a language model that ignores where the image's patches are, as a text-only rotary would) is
+    refused against the PyTorch reference, which the unchanged graph passes."""
     import shutil
 
     import openvino as ov
@@ -329,7 +332,7 @@ def test_validation_refuses_a_language_model_that_ignores_the_image_positions(vl
     from optimum_shared_graph import ExportValidationError
     from optimum_shared_graph.pipeline.vlm import LANGUAGE_XML, capture_reference, validate_parts
 
-    path, out, _proc = vlm("qwen3_5")
+    path, out, _proc = vlm(model_type)
     model = AutoModelForImageTextToText.from_pretrained(path, dtype=torch.float32).eval()
     reference = capture_reference(model, 4)
     assert validate_parts(out, reference, None)["status"] == "passed"
@@ -339,7 +342,8 @@ def test_validation_refuses_a_language_model_that_ignores_the_image_positions(vl
     graph = ov.Core().read_model(broken / LANGUAGE_XML)
     positions = next(p for p in graph.inputs if p.get_any_name() == "position_ids")
     readers = list(positions.get_target_inputs())  # before the gather below becomes one
-    text = ops.gather(positions.get_node().output(0), ops.constant(np.array([0, 0, 0, 0])), ops.constant(0))
+    rows = positions.get_partial_shape()[0].get_length()  # Qwen3.5: text, temporal, height, width; Qwen2-VL: the last 3
+    text = ops.gather(positions.get_node().output(0), ops.constant(np.zeros(rows, dtype=np.int64)), ops.constant(0))
     for target in readers:
         target.replace_source_output(text.output(0))
     graph.validate_nodes_and_infer_types()
@@ -347,7 +351,7 @@ def test_validation_refuses_a_language_model_that_ignores_the_image_positions(vl
     del graph
     for suffix in (".xml", ".bin"):
         shutil.move(broken / f"staged{suffix}", broken / LANGUAGE_XML.replace(".xml", suffix))
-    with pytest.raises(ExportValidationError, match="does not reproduce Qwen3_5ForConditionalGeneration"):
+    with pytest.raises(ExportValidationError, match=f"does not reproduce {architecture}"):
         validate_parts(broken, reference, None)
 
 

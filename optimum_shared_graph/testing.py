@@ -296,12 +296,44 @@ WHOLE_ONLY: dict[str, dict[str, Any]] = {
                                             projection_dim=32),
                   extra=dict(projector_hidden_act="gelu", vision_feature_layer=-2,
                              vision_feature_select_strategy="default", image_seq_length=16), tie=False),
+    # Qwen/Qwen2-VL-2B-Instruct: a 32-block vision transformer of width 1280 (MLP ratio 4, patches of 14, 2 x 2
+    # merge, 2 frames per temporal patch) merged into the text width; a qwen2 text model, head tied
+    "qwen2_vl": dict(text="qwen2_vl_text", vision=dict(depth=1, embed_dim=32, num_heads=2, mlp_ratio=2,
+                                                       hidden_size=64, patch_size=14, spatial_merge_size=2,
+                                                       temporal_patch_size=2, in_chans=3), tie=True),
+    # Qwen/Qwen2.5-VL-3B-Instruct: 32 blocks of 1280 (MLP 3420, SiLU), window attention (windows of 112 pixels) but
+    # in blocks 7, 15, 23, 31; here two blocks, the second full, windows of 28 pixels (one merged patch each)
+    "qwen2_5_vl": dict(text="qwen2_5_vl_text", vision=dict(depth=2, hidden_size=32, intermediate_size=64, num_heads=2,
+                                                           hidden_act="silu", out_hidden_size=64, patch_size=14,
+                                                           spatial_merge_size=2, temporal_patch_size=2, in_chans=3,
+                                                           window_size=28, fullatt_block_indexes=[1],
+                                                           tokens_per_second=2), tie=True),
 }
+
+# Types whose published config.json is flat (transformers 4.x's layout: the text model's keys at the top level, its
+# rotary as `rope_theta` and `rope_scaling: {"type": "mrope", "mrope_section": ...}`), which transformers 5.5 loads
+# as it is; `build_tiny_multimodal` writes theirs so. `layer_types` is not in them.
+_FLAT_CONFIG = ("qwen2_vl", "qwen2_5_vl")
+
+
+def _flatten_config(path: Path) -> None:
+    """Rewrite the config.json at `path` in the flat layout of `_FLAT_CONFIG`."""
+    config = json.loads(path.read_text())
+    text = config.pop("text_config")
+    rope = text.pop("rope_parameters")
+    for key in ("model_type", "architectures", "transformers_version", "layer_types"):
+        text.pop(key, None)
+    flat = {**text, **config, "rope_theta": rope["rope_theta"],
+            "rope_scaling": {"type": "mrope", "mrope_section": rope["mrope_section"]}}
+    path.write_text(json.dumps(dict(sorted(flat.items())), indent=2) + "\n")
 
 # transformers 5.5 saves a Qwen3.5 vision tower as `model.language_model.visual.*` (its text model's weight
 # renaming applied in reverse); the published checkpoints name it `model.visual.*`, which 5.5 loads the same.
 _PUBLISHED_NAMES = {"qwen3_5": [("model.language_model.visual.", "model.visual.")],
-                    "qwen3_5_moe": [("model.language_model.visual.", "model.visual.")]}
+                    "qwen3_5_moe": [("model.language_model.visual.", "model.visual.")],
+                    # transformers 4.x's names, as Qwen2-VL and Qwen2.5-VL are published
+                    **{t: [("model.language_model.", "model."), ("model.visual.", "visual.")]
+                       for t in ("qwen2_vl", "qwen2_5_vl")}}
 
 
 # Router gates transformers initialises to zero, redrawn from N(0, initializer_range) by `build_tiny_model`:
@@ -467,6 +499,8 @@ def build_tiny_multimodal(model_type: str, out_dir: str | Path, *, seed: int = 0
                     name = name.replace(old, new, 1) if name.startswith(old) else name
                 renamed[name] = tensor
             save_file(renamed, str(weights), metadata={"format": "pt"})
+    if model_type in _FLAT_CONFIG:
+        _flatten_config(Path(out_dir) / "config.json")
     if processor:
         build_vlm_processor(model_type, out_dir)
     elif tokenizer:
@@ -911,6 +945,45 @@ VLM_PROCESSORS["mistral3"] = dict(
     chat_template=_MISTRAL3_CHAT_TEMPLATE,
     build=_pixtral_processor,
 )
+
+
+def _qwen2_vl_processor(spec: dict[str, Any], tokenizer: Any, out_dir: Path) -> Any:
+    """Qwen/Qwen2-VL-2B-Instruct's (Qwen2.5-VL-3B-Instruct's) processor: Qwen2VLImageProcessor
+    (preprocessor_config.json, naming the processor class), Qwen2VLVideoProcessor, Qwen2VLProcessor
+    (Qwen2_5_VLProcessor)."""
+    import transformers
+    from transformers import Qwen2VLImageProcessor, Qwen2VLVideoProcessor
+
+    image = Qwen2VLImageProcessor(**spec["image_processor"])
+    video = Qwen2VLVideoProcessor(**spec["image_processor"])
+    processor = getattr(transformers, spec["processor_class"])(
+        image_processor=image, tokenizer=tokenizer, video_processor=video, chat_template=spec["chat_template"])
+    image.save_pretrained(str(out_dir))
+    tokenizer.save_pretrained(str(out_dir))
+    path = out_dir / "preprocessor_config.json"
+    config = json.loads(path.read_text())
+    path.write_text(json.dumps(dict(sorted({**config, "processor_class": spec["processor_class"]}.items())),
+                               indent=2) + "\n")
+    return processor
+
+
+# Qwen/Qwen2-VL-2B-Instruct and Qwen/Qwen2.5-VL-3B-Instruct: the tokens and chat template of Qwen3.5's (`_QWEN_VL`;
+# the releases' template adds a default system turn and video), their preprocessor_config.json (patches of 14, 2 x 2
+# merge, 2 frames per temporal patch, CLIP's mean and std, min_pixels 3136 = 56 x 56, max_pixels scaled down so a
+# 64 x 64 image is resized to 56 x 56: 4 x 4 patches, 4 image tokens); the text rotary in M-RoPE sections [2, 3, 3]
+# of the tiny head's 8 frequencies (the releases' [16, 24, 24] of 64).
+_QWEN2_VL = dict(
+    specials=_QWEN_VL_SPECIALS,
+    text=dict(rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3]}),
+    ids=dict(vision_start_token_id=5, vision_end_token_id=6, image_token_id=7, video_token_id=8),
+    image_processor=dict(patch_size=14, merge_size=2, temporal_patch_size=2, min_pixels=56 * 56,
+                         max_pixels=112 * 112, image_mean=[0.48145466, 0.4578275, 0.40821073],
+                         image_std=[0.26862954, 0.26130258, 0.27577711]),
+    chat_template=_QWEN_VL_CHAT_TEMPLATE,
+    build=_qwen2_vl_processor,
+)
+VLM_PROCESSORS["qwen2_vl"] = dict(_QWEN2_VL, processor_class="Qwen2VLProcessor")
+VLM_PROCESSORS["qwen2_5_vl"] = dict(_QWEN2_VL, processor_class="Qwen2_5_VLProcessor")
 
 
 def build_vlm_processor(model_type: str, out_dir: str | Path) -> Any:

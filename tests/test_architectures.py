@@ -90,7 +90,13 @@ def test_every_fix_module_keeps_the_contract():
     assert names, "no fix modules"
     for name in names:
         module = architectures._load(name)
-        assert module.MODEL_TYPES and all(isinstance(t, str) for t in module.MODEL_TYPES), name
+        # types it repairs: text models, and (or only) whole vision-language models
+        assert module.MODEL_TYPES or getattr(module, "VLM_MODEL_TYPES", ()), name
+        assert all(isinstance(t, str) for t in module.MODEL_TYPES + getattr(module, "VLM_MODEL_TYPES", ())), name
+        if module.MODEL_TYPES:
+            assert callable(module.export_config), name
+        if getattr(module, "VLM_MODEL_TYPES", ()):
+            assert callable(module.vlm_export_config) and module.VLM_SUMMARY and "\n" not in module.VLM_SUMMARY, name
         SpecifierSet(module.TRANSFORMERS)  # a valid specifier
         assert module.SUMMARY and "\n" not in module.SUMMARY, name
         assert module.__doc__ and len(module.__doc__.strip()) > 80, f"{name} does not say what broke and what it does"

@@ -1,5 +1,5 @@
-"""`--task image-text-to-text-shared` (`pipeline/vlm.py`): the whole Qwen3.5, Gemma 3, LLaVA or Mistral 3 model in
-optimum-intel's VLM layout.
+"""`--task image-text-to-text-shared` (`pipeline/vlm.py`): the whole Qwen3.5, Gemma 3, LLaVA, Mistral 3, Qwen2-VL or
+Qwen2.5-VL model in optimum-intel's VLM layout.
 
 The checkpoints are laid out like the published ones, with their processor (`testing.build_tiny_multimodal(...,
 processor=True)`: image processor, tokenizer with the image tokens, chat template), so a real image (a small
@@ -10,7 +10,7 @@ optimum-intel 2.2's `_OVQwen3_5ForCausalLM.generate()` cannot run under transfor
 `prepare_inputs_for_generation` indexes a `cache_position` 5.5's `generate()` no longer passes, and its position
 ids call 5.5's `get_rope_index` without the `mm_token_type_ids` it now requires), so the OVModelForVisualCausalLM
 check drives the loaded model's own `forward()` greedily, with the (4, batch, seq) positions PyTorch starts from.
-For Gemma 3, LLaVA and Mistral 3 its `generate()` runs.
+For the other types its `generate()` runs.
 """
 
 from __future__ import annotations
@@ -32,7 +32,12 @@ NEW_TOKENS = 12
 # text (checked in each test). For Gemma 3 the prompt is also one where the image's bidirectional attention decides
 # some tokens: PyTorch without `token_type_ids` (a causal mask over the image) gives other tokens (checked too).
 PROMPTS = {"qwen3_5": "hello", "qwen3_5_moe": "hello", "gemma3": "What is in the image?", "llava": "hello",
-           "mistral3": "hello"}
+           "mistral3": "hello", "qwen2_vl": "hello", "qwen2_5_vl": "hello"}
+# The images' size: 64 x 64 (Qwen3.5: 4 x 4 patches of 16; the others resize it to their tower's size), but 56 x 56
+# for Qwen2-VL and Qwen2.5-VL, which their processor does not resize (4 x 4 patches of 14): their VLMPipeline resizes
+# a 64 x 64 image to 56 x 56 with its own bicubic filter, whose pixels differ from the processor's enough that the
+# noise image gave other tokens than PyTorch's (the white one the same); at 56 x 56 both match.
+IMAGE_SIZE = {"qwen2_vl": 56, "qwen2_5_vl": 56}
 IMAGES = ("noise", "white")
 # optimum-intel's image-text-to-text layout of each type (what OVModelForVisualCausalLM and VLMPipeline load), and
 # its language model's inputs
@@ -43,14 +48,18 @@ _QWEN_INPUTS = {"attention_mask": "[?,?]", "beam_idx": "[?]", "inputs_embeds": "
 _PROJECTED_GRAPHS = ["openvino_language_model.xml", "openvino_text_embeddings_model.xml",
                      "openvino_vision_embeddings_model.xml"]
 _PLAIN_INPUTS = {"attention_mask": "[?,?]", "beam_idx": "[?]", "inputs_embeds": "[?,?,64]", "position_ids": "[?,?]"}
+_QWEN2_GRAPHS = [g for g in _QWEN_GRAPHS if "pos_model" not in g]
 GRAPHS = {"qwen3_5": _QWEN_GRAPHS, "qwen3_5_moe": _QWEN_GRAPHS, "gemma3": _PROJECTED_GRAPHS,
-          "llava": _PROJECTED_GRAPHS, "mistral3": sorted(_PROJECTED_GRAPHS + ["openvino_multi_modal_projector_model.xml"])}
+          "llava": _PROJECTED_GRAPHS, "mistral3": sorted(_PROJECTED_GRAPHS + ["openvino_multi_modal_projector_model.xml"]),
+          "qwen2_vl": _QWEN2_GRAPHS, "qwen2_5_vl": _QWEN2_GRAPHS}
 LANGUAGE_INPUTS = {"qwen3_5": _QWEN_INPUTS, "qwen3_5_moe": _QWEN_INPUTS,
                    "gemma3": {**_PLAIN_INPUTS, "token_type_ids": "[?,?]"}, "llava": _PLAIN_INPUTS,
-                   "mistral3": _PLAIN_INPUTS}
+                   "mistral3": _PLAIN_INPUTS, "qwen2_vl": {**_QWEN_INPUTS, "position_ids": "[3,?,?]"},
+                   "qwen2_5_vl": {**_QWEN_INPUTS, "position_ids": "[3,?,?]"}}
 FIXES = {"qwen3_5": "optimum_shared_graph.architectures.qwen3_5", "qwen3_5_moe": "optimum_shared_graph.architectures.qwen3_5",
-         "gemma3": None, "llava": None, "mistral3": None}
-IMAGE_TOKENS = {"qwen3_5": 4, "qwen3_5_moe": 4, "gemma3": 4, "llava": 16, "mistral3": 4}
+         "gemma3": None, "llava": None, "mistral3": None, "qwen2_vl": "optimum_shared_graph.architectures.qwen2_vl",
+         "qwen2_5_vl": "optimum_shared_graph.architectures.qwen2_vl"}
+IMAGE_TOKENS = {"qwen3_5": 4, "qwen3_5_moe": 4, "gemma3": 4, "llava": 16, "mistral3": 4, "qwen2_vl": 4, "qwen2_5_vl": 4}
 
 
 @pytest.fixture(scope="module")
@@ -74,13 +83,13 @@ def vlm(tmp_path_factory):
     return get
 
 
-def _image(kind: str):
-    """A 64 x 64 image (4 x 4 patches of 16, 4 image tokens): random pixels, or all white."""
+def _image(kind: str, size: int = 64):
+    """A `size` x `size` image: random pixels, or all white."""
     from PIL import Image
 
     if kind == "white":
-        return Image.new("RGB", (64, 64), (255, 255, 255))
-    return Image.fromarray((np.random.RandomState(0).rand(64, 64, 3) * 255).astype("uint8"))
+        return Image.new("RGB", (size, size), (255, 255, 255))
+    return Image.fromarray((np.random.RandomState(0).rand(size, size, 3) * 255).astype("uint8"))
 
 
 def _pytorch(path, model_type):
@@ -94,7 +103,7 @@ def _pytorch(path, model_type):
     runs, causal = {}, {}
     generate = dict(max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, do_sample=False, pad_token_id=0)
     for kind in IMAGES:
-        enc = processor(images=_image(kind), text=text, return_tensors="pt")
+        enc = processor(images=_image(kind, IMAGE_SIZE.get(model_type, 64)), text=text, return_tensors="pt")
         with torch.no_grad():
             out = model.generate(**enc, **generate, output_logits=True, return_dict_in_generate=True)
             if "token_type_ids" in enc:  # Gemma 3: without them, the image is attended causally
@@ -106,7 +115,7 @@ def _pytorch(path, model_type):
     return model, runs
 
 
-def _genai_tokens(out, kind: str, prompt: str) -> list[int]:
+def _genai_tokens(out, kind: str, prompt: str, size: int) -> list[int]:
     import openvino as ov
     import openvino_genai as ov_genai
 
@@ -127,7 +136,7 @@ def _genai_tokens(out, kind: str, prompt: str) -> list[int]:
     pipe = ov_genai.VLMPipeline(str(out), "CPU", **EXACT)
     config = ov_genai.GenerationConfig(max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, ignore_eos=True)
     streamer = Tokens()
-    pipe.generate(prompt, images=[ov.Tensor(np.array(_image(kind)))], generation_config=config, streamer=streamer)
+    pipe.generate(prompt, images=[ov.Tensor(np.array(_image(kind, size)))], generation_config=config, streamer=streamer)
     return streamer.tokens
 
 
@@ -162,12 +171,12 @@ def _optimum_tokens(ov_model, enc, model) -> tuple[list[int], np.ndarray]:
 
 
 def _optimum_generate(ov_model, enc) -> tuple[list[int], np.ndarray]:
-    """OVModelForVisualCausalLM's generate() (EOS suppressed by min_new_tokens), and its forward()'s prefill logits."""
+    """OVModelForVisualCausalLM's generate() (EOS suppressed by min_new_tokens): the tokens, the prefill's last logits
+    (from generate(), which computes the positions: forward() alone does not for M-RoPE)."""
     prompt = enc["input_ids"].shape[1]
     out = ov_model.generate(**enc, max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, do_sample=False,
-                            pad_token_id=0)
-    prefill = ov_model(**enc).logits[0, -1].numpy().copy()
-    return out[0, prompt:].tolist(), prefill
+                            pad_token_id=0, output_logits=True, return_dict_in_generate=True)
+    return out.sequences[0, prompt:].tolist(), out.logits[0][0].numpy().copy()
 
 
 def _check_artifact(path, out, proc, model_type):
@@ -195,13 +204,13 @@ def _check_artifact(path, out, proc, model_type):
     inputs = {p.get_any_name(): str(p.get_partial_shape()) for p in language.inputs}
     assert inputs == LANGUAGE_INPUTS[model_type]
     assert [p.get_any_name() for p in language.outputs] == ["logits"]
-    assert str(language.outputs[0].get_partial_shape()) == f"[?,1,{source['text_config']['vocab_size']}]"
+    text = source.get("text_config", source)  # Qwen2-VL and Qwen2.5-VL are published flat
+    assert str(language.outputs[0].get_partial_shape()) == f"[?,1,{text['vocab_size']}]"
     assert language.get_sinks()  # its states inside the graph
     # weights stored once: the graphs hold no more than the checkpoint's float32 weights, and a head tied to the
     # embeddings (Gemma 3) once more: optimum-intel's layout has the table in the text embeddings graph and the head
     # in the language model
     checkpoint = sum(p.stat().st_size for p in path.glob("*.safetensors"))
-    text = source["text_config"]
     tied = source.get("tie_word_embeddings", False)
     checkpoint += 4 * text["vocab_size"] * text["hidden_size"] if tied else 0
     assert sum(p.stat().st_size for p in out.glob("openvino_*model.bin")) <= 1.02 * checkpoint
@@ -209,7 +218,8 @@ def _check_artifact(path, out, proc, model_type):
 
 @pytest.mark.slow  # about 55 s each (an export through optimum-cli, PyTorch, VLMPipeline)
 @pytest.mark.timeout(900)
-@pytest.mark.parametrize("model_type", ["qwen3_5", "qwen3_5_moe", "gemma3", "llava", "mistral3"])
+@pytest.mark.parametrize("model_type", ["qwen3_5", "qwen3_5_moe", "gemma3", "llava", "mistral3", "qwen2_vl",
+                                        "qwen2_5_vl"])
 def test_image_prompt_greedy_parity_through_genai(model_type, vlm):
     """The export, its layout and manifest, and VLMPipeline's greedy tokens on an image and a text prompt (Mistral 3:
     GenAI 2026.4 has no VLMPipeline for the type, which it says on load, as for optimum-intel's own export)."""
@@ -223,12 +233,13 @@ def test_image_prompt_greedy_parity_through_genai(model_type, vlm):
         return
     _model, runs = _pytorch(path, model_type)
     for kind, (_enc, reference, _logits) in runs.items():
-        assert _genai_tokens(out, kind, PROMPTS[model_type]) == reference, kind
+        assert _genai_tokens(out, kind, PROMPTS[model_type], IMAGE_SIZE.get(model_type, 64)) == reference, kind
 
 
 @pytest.mark.slow  # the export of the test above (shared by the module's fixture), then about 5 s
 @pytest.mark.timeout(900)
-@pytest.mark.parametrize("model_type", ["qwen3_5", "qwen3_5_moe", "gemma3", "llava", "mistral3"])
+@pytest.mark.parametrize("model_type", ["qwen3_5", "qwen3_5_moe", "gemma3", "llava", "mistral3", "qwen2_vl",
+                                        "qwen2_5_vl"])
 def test_image_prompt_greedy_parity_through_optimum(model_type, vlm):
     from optimum.intel import OVModelForVisualCausalLM
 
@@ -257,7 +268,7 @@ def test_type_it_cannot_export_is_refused_before_any_work(tmp_path, capsys):
     lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error: ")]
     assert len(lines) == 1
     assert "idefics3 is not a model type --task image-text-to-text-shared exports (it exports gemma3, llava, " \
-        "mistral3, qwen3_5, qwen3_5_moe)" in lines[0]
+        "mistral3, qwen2_5_vl, qwen2_vl, qwen3_5, qwen3_5_moe)" in lines[0]
     assert not out.exists() and not [p for p in tmp_path.iterdir() if p.name.endswith(".partial")]
 
 
@@ -305,10 +316,13 @@ def test_registered_and_fix_swapped_in_for_one_export():
 
 @pytest.mark.slow  # the export of the tests above (the module's fixture), then about 5 s
 @pytest.mark.timeout(900)
-def test_validation_refuses_a_language_model_that_ignores_the_image_positions(vlm, tmp_path):
-    """The export's check of the language model is decisive for the M-RoPE: the artifact's graph fed the text
-    positions on all three M-RoPE axes (a language model that ignores where the image's patches are, as a text-only
-    rotary would) is refused against the PyTorch reference, which the unchanged graph passes."""
+@pytest.mark.parametrize("model_type, architecture", [("qwen3_5", "Qwen3_5ForConditionalGeneration"),
+                                                      ("qwen2_vl", "Qwen2VLForConditionalGeneration")])
+def test_validation_refuses_a_language_model_that_ignores_the_image_positions(model_type, architecture, vlm, tmp_path):
+    """The export's check of the language model is decisive for the M-RoPE: the artifact's graph fed its first
+    positions row on every row (Qwen3.5: the text positions; Qwen2-VL: the temporal ones, the text positions at the
+    text tokens; a language model that ignores where the image's patches are, as a text-only rotary would) is
+    refused against the PyTorch reference, which the unchanged graph passes."""
     import shutil
 
     import openvino as ov
@@ -318,7 +332,7 @@ def test_validation_refuses_a_language_model_that_ignores_the_image_positions(vl
     from optimum_shared_graph import ExportValidationError
     from optimum_shared_graph.pipeline.vlm import LANGUAGE_XML, capture_reference, validate_parts
 
-    path, out, _proc = vlm("qwen3_5")
+    path, out, _proc = vlm(model_type)
     model = AutoModelForImageTextToText.from_pretrained(path, dtype=torch.float32).eval()
     reference = capture_reference(model, 4)
     assert validate_parts(out, reference, None)["status"] == "passed"
@@ -328,7 +342,8 @@ def test_validation_refuses_a_language_model_that_ignores_the_image_positions(vl
     graph = ov.Core().read_model(broken / LANGUAGE_XML)
     positions = next(p for p in graph.inputs if p.get_any_name() == "position_ids")
     readers = list(positions.get_target_inputs())  # before the gather below becomes one
-    text = ops.gather(positions.get_node().output(0), ops.constant(np.array([0, 0, 0, 0])), ops.constant(0))
+    rows = positions.get_partial_shape()[0].get_length()  # Qwen3.5: text, temporal, height, width; Qwen2-VL: the last 3
+    text = ops.gather(positions.get_node().output(0), ops.constant(np.zeros(rows, dtype=np.int64)), ops.constant(0))
     for target in readers:
         target.replace_source_output(text.output(0))
     graph.validate_nodes_and_infer_types()
@@ -336,7 +351,7 @@ def test_validation_refuses_a_language_model_that_ignores_the_image_positions(vl
     del graph
     for suffix in (".xml", ".bin"):
         shutil.move(broken / f"staged{suffix}", broken / LANGUAGE_XML.replace(".xml", suffix))
-    with pytest.raises(ExportValidationError, match="does not reproduce Qwen3_5ForConditionalGeneration"):
+    with pytest.raises(ExportValidationError, match=f"does not reproduce {architecture}"):
         validate_parts(broken, reference, None)
 
 

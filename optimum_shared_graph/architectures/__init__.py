@@ -15,6 +15,10 @@ A fix module defines:
 - `SUMMARY`: one line, what it changes (recorded in the manifest);
 - `export_config(base)`: a subclass of optimum-intel's export config class `base`.
 
+A module that also repairs the `image-text-to-text` export of the whole vision-language model (for
+`--task image-text-to-text-shared`, `pipeline/vlm.py`) defines `VLM_MODEL_TYPES`, `VLM_SUMMARY` and
+`vlm_export_config(base)`; one that repairs only that export has an empty `MODEL_TYPES` (and no `export_config`).
+
 `fix_applied(model_type)` points optimum-intel's `TasksManager` entry for the model type at the fixed
 config for the duration of one `text-generation-shared` export, and puts the original back afterwards,
 so optimum-intel's own tasks in the same process are untouched (the swap is host/'s

@@ -116,6 +116,18 @@ class Qwen3_5(Family):
         return {"grid_thw": inputs["image_grid_thw"][0].tolist()}
 
 
+class Qwen2VL(Qwen3_5):
+    """Qwen2-VL and Qwen2.5-VL: as Qwen3.5, but the language model graph takes the (3, batch, seq) M-RoPE positions
+    (temporal, height, width), without the text row transformers puts first."""
+
+    model_types = ("qwen2_vl", "qwen2_5_vl")
+
+    def call_inputs(self, outer, language):
+        inputs = super().call_inputs(outer, language)
+        positions = inputs["position_ids"]
+        return {**inputs, "position_ids": positions[1:] if positions.shape[0] == 4 else positions}
+
+
 class _ProjectedImage(Family):
     """One `image_size` x `image_size` image (what the image processor resizes or crops to) through the vision tower
     and the multi-modal projector, whose output rows are the image tokens' embeddings; plain (batch, seq)
@@ -224,7 +236,7 @@ class Mistral3(_ProjectedImage):
         return image.reshape(-1, image.shape[-1])
 
 
-FAMILIES: dict[str, Family] = {t: family for family in (Qwen3_5(), Gemma3(), LLaVA(), Mistral3())
+FAMILIES: dict[str, Family] = {t: family for family in (Qwen3_5(), Qwen2VL(), Gemma3(), LLaVA(), Mistral3())
                                for t in family.model_types}
 
 

@@ -420,7 +420,7 @@ def _stored_reference_is_pytorchs(path, out):
     return reference
 
 
-@pytest.mark.slow  # the export of the tests above (the module's fixture), then about 40 s
+@pytest.mark.slow  # the export of the tests above (the module's fixture), then about 8 s
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("model_type", ["qwen3_5", "qwen3_5_moe"])
 def test_validate_through_the_vlm_consumers(model_type, vlm, tmp_path):
@@ -465,7 +465,7 @@ def test_validate_through_the_vlm_consumers(model_type, vlm, tmp_path):
 DEFAULTS_FAIL = {("qwen3_5", "optimum-vlm"), ("qwen3_5", "genai-vlm"), ("qwen3_5_moe", "optimum-vlm")}
 
 
-@pytest.mark.slow  # the export of the tests above (the module's fixture), then about 15 s each
+@pytest.mark.slow  # the export of the tests above (the module's fixture), then about 2 s each
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("model_type,consumer", [
     pytest.param(t, c, marks=[pytest.mark.xfail(strict=True, raises=ArtifactValidationError, reason="bf16: DEFAULTS_FAIL")]
@@ -484,7 +484,7 @@ def test_validate_through_the_vlm_consumers_at_the_default_properties(model_type
     assert report["status"] == "passed" and report["rule"] == "fp16", report
 
 
-@pytest.mark.slow  # the export of the tests above (the module's fixture), then about 20 s
+@pytest.mark.slow  # the export of the tests above (the module's fixture), then about 5 s
 @pytest.mark.timeout(900)
 def test_reduced_precision_judged_by_the_margins(vlm):
     """Reduced precision that passes for the dense model: VLMPipeline in bf16 with an f32 KV cache picks differently
@@ -528,3 +528,33 @@ def test_a_checkpoint_without_its_image_processor_stores_no_reference(vlm, tmp_p
                                                       r"processor did not load .* re-export from the checkpoint "
                                                       r"directory with its processor files"):
         osg.validate(out, consumer="genai-vlm")
+
+
+@pytest.mark.slow  # the checkpoint of the module's fixture, then an export (about 70 s)
+@pytest.mark.timeout(900)
+def test_compressed_weights_store_the_exported_models_own_logits(vlm, tmp_path):
+    """`--weight-format int8`: the export records the language model's difference from PyTorch (not judged) and
+    stores the exported model's own logits on the reference's inputs (OVModelForVisualCausalLM in f32 on this CPU,
+    with its default int8 activations, whose group size is recorded): validate() under the same properties gives
+    them back exactly, through both consumers; a copy with its decode logits negated fails."""
+    import optimum_shared_graph as osg
+
+    from conftest import break_decode
+
+    path, _out, _proc = vlm("qwen3_5")
+    out = tmp_path / "int8"
+    run_cli_in_process("export", "openvino", "-m", str(path), "--task", "image-text-to-text-shared",
+                       "--weight-format", "int8", str(out))
+    validation = read_manifest(out).validation
+    assert validation["status"] == "recorded" and not validation["enforced"]
+    assert validation["reference"]["judged_against"] == "graph"
+    assert validation["compile_config"]["DYNAMIC_QUANTIZATION_GROUP_SIZE"] > 0
+    optimum = osg.validate(out, consumer="optimum-vlm", properties=EXACT)
+    assert optimum["status"] == "passed" and optimum["judged_against"] == "graph" and optimum["terms"] == []
+    assert optimum["max_abs_diff_prefill"] < 1e-5 and optimum["max_abs_diff_decode"] < 1e-5, optimum
+    genai = osg.validate(out, consumer="genai-vlm", properties=EXACT)
+    assert genai["status"] == "passed" and genai["greedy_match"], genai
+    broken = break_decode(out, tmp_path / "broken", "openvino_language_model.xml")
+    with pytest.raises(ArtifactValidationError, match="optimum-vlm on CPU does not reproduce the exported graph "
+                                                      "on the export machine: .*tolerance"):
+        osg.validate(broken, consumer="optimum-vlm", properties=EXACT)

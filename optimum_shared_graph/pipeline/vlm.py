@@ -363,7 +363,7 @@ def run_vlm_export(model: str, output_dir, opts: ExportOptions, *, raw_export: C
             manifest.validation = validation
             from .vlm_reference import to_store
 
-            stored = to_store(export.stored, export.stored_missing, validation)
+            stored = to_store(export.stored, export.stored_missing, validation, raw)
             write.write_artifact(raw, staging / "final", {g: None for g in files}, manifest, reference=stored)
             write.move_into_place(staging / "final", output)
         manifest.path = output / MANIFEST_NAME

@@ -7,9 +7,11 @@ and prompt, turned into its inputs by the checkpoint's own processor and chat te
 checkpoint's generation config is set aside for the call (no sampling, penalties or EOS of its own), so each
 pick is the argmax of the logits recorded and every call runs.
 
-Stored (`shared_graph_reference.npz`, `validation.reference` in the manifest) when the export's check was
-enforced (fp32 and fp16 weights); otherwise, or when the checkpoint has no processor with an image processor
-and a chat template, nothing is stored and `validation.reference_missing` says why (`validate()` repeats it).
+Stored (`shared_graph_reference.npz`, `validation.reference` in the manifest) with PyTorch's logits where the
+export's check was enforced (fp32 and fp16 weights), with the exported model's own for compressed weights (as a
+text export stores them, `proof/stored.py`); where the checkpoint has no processor with an image processor and a
+chat template, or validation was skipped, nothing is stored and `validation.reference_missing` says why
+(`validate()` repeats it).
 """
 
 from __future__ import annotations
@@ -49,15 +51,26 @@ def capture(pt_model, source, new_tokens: int, trust_remote_code: bool = False) 
                      image=image, prompt=PROMPT), None
 
 
-def to_store(reference: Reference | None, missing: str | None, validation: dict) -> Reference | None:
-    """The reference the artifact stores: the captured one where the export's check was enforced, else None with
-    why under `validation["reference_missing"]`."""
+def to_store(reference: Reference | None, missing: str | None, validation: dict, directory) -> Reference | None:
+    """The reference the artifact in `directory` stores: the captured one where the export's check was enforced;
+    for compressed weights (recorded against PyTorch, not judged) the exported model's own logits on the same
+    inputs, from `OVModelForVisualCausalLM` on the export machine's CPU in f32 (the CPU plugin's default int8
+    activations of the compressed matmuls included, its group size added to `validation["compile_config"]`), as
+    a text export stores for quantized weights; else None, with why under `validation["reference_missing"]`."""
     if validation.get("status") == "skipped":
         validation["reference_missing"] = "it was exported with --skip-validation: re-export it without"
         return None
-    if reference is not None and not validation.get("enforced"):
-        reference, missing = None, ("its language model's weights are compressed, whose difference from PyTorch "
-                                    "the export recorded, not judged; a reference for them is not stored yet")
     if reference is None:
         validation["reference_missing"] = missing
-    return reference
+        return None
+    if validation.get("enforced"):
+        return reference
+    from dataclasses import replace
+
+    from ..proof.vlm import optimum_vlm
+    from ..runtimes.session import EXACT_CONFIG
+    from .validate import exact_compile_config
+
+    graph_logits, _precision = optimum_vlm(directory, None, reference, "CPU", dict(EXACT_CONFIG))
+    validation["compile_config"] = exact_compile_config(quantized=True)
+    return replace(reference, logits=np.stack([g.astype(np.float32) for g in graph_logits]), judged_against="graph")

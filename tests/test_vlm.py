@@ -272,6 +272,25 @@ def test_type_it_cannot_export_is_refused_before_any_work(tmp_path, capsys):
     assert not out.exists() and not [p for p in tmp_path.iterdir() if p.name.endswith(".partial")]
 
 
+@pytest.mark.parametrize("model_type,side", [("qwen2_5_vl", 84), ("qwen3_5", 64), ("gemma3", 64)])
+def test_the_stored_image_is_one_the_processor_takes_as_it_is(model_type, side, tmp_path):
+    """validate()'s image is not resized by a processor that cuts images into merged patches (a resize is done by
+    GenAI's own code with other filters: Qwen2.5-VL's first token differed through VLMPipeline at 64 x 64)."""
+    from PIL import Image
+
+    from optimum_shared_graph.proof.vlm import image_side, validation_image
+    from optimum_shared_graph.testing import build_vlm_processor
+
+    processor = build_vlm_processor(model_type, tmp_path)
+    assert image_side(processor) == side
+    image = validation_image(side=side)
+    assert image.shape == (side, side, 3) and np.array_equal(validation_image(side=side), image)
+    if side != 64:  # the patch grid is the image's own: nothing resized
+        patch = processor.image_processor.patch_size
+        grid = processor.image_processor(images=Image.fromarray(image), return_tensors="pt")["image_grid_thw"]
+        assert grid.tolist() == [[1, side // patch, side // patch]]
+
+
 def test_mrope_is_transformers_interleaved_mrope():
     """The M-RoPE the language model is traced with (`architectures/qwen3_5.py`) gives transformers' cos and sin,
     with temporal, height and width positions that differ (image tokens), as the release's sections interleave them."""

@@ -19,7 +19,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..proof.stored import Reference
-from ..proof.vlm import PROMPT, load_processor, processor_inputs, validation_image
+from ..proof.vlm import PROMPT, image_side, load_processor, processor_inputs, validation_image
 
 
 def capture(pt_model, source, new_tokens: int, trust_remote_code: bool = False) -> tuple[Reference | None, str | None]:
@@ -33,7 +33,7 @@ def capture(pt_model, source, new_tokens: int, trust_remote_code: bool = False) 
         return None, (f"{why}, so no image and prompt were recorded at export: re-export from the checkpoint "
                       "directory with its processor files (preprocessor_config.json, the tokenizer and its chat "
                       "template) to get one")
-    image = validation_image()
+    image = validation_image(side=image_side(processor))
     inputs = processor_inputs(processor, image, PROMPT)
     saved = pt_model.generation_config
     pt_model.generation_config = GenerationConfig()  # the checkpoint's sampling, penalties and EOS set aside

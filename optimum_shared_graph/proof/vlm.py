@@ -20,6 +20,7 @@ knows a model family: the processor and the consumer do the family's work.
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import numpy as np
@@ -31,13 +32,28 @@ from .judge import CannotRestart
 from .stored import Reference
 
 PROMPT = "Describe the picture."
-_BLOCKS, _BLOCK = 8, 8  # the image: 8 x 8 blocks of 8 x 8 pixels
+_SIDE, _BLOCK = 64, 8  # the image: at least 64 x 64 pixels, in blocks of 8 x 8
 
 
-def validation_image(seed: int = 0) -> np.ndarray:
-    """The image the reference is recorded on: `[64, 64, 3]` uint8, 8 x 8 blocks of seeded random colours."""
-    blocks = np.random.default_rng(seed).integers(0, 256, (_BLOCKS, _BLOCKS, 3), dtype=np.uint8)
-    return np.repeat(np.repeat(blocks, _BLOCK, axis=0), _BLOCK, axis=1)
+def image_side(processor) -> int:
+    """The validation image's side: 64 pixels, or the next size the image processor takes as it is, where it cuts
+    images into merged patches (Qwen2-VL's `patch_size` x `merge_size`, at least its `min_pixels`). An image the
+    processor resizes would be resized by GenAI's own code too, with other filters: a difference of the
+    preprocessing, not of the model (measured: Qwen2.5-VL's first token through VLMPipeline at 64 x 64)."""
+    image = getattr(processor, "image_processor", None)
+    patch, merge = getattr(image, "patch_size", None), getattr(image, "merge_size", None)
+    if not (isinstance(patch, int) and isinstance(merge, int)):
+        return _SIDE
+    size = getattr(image, "size", None)
+    least = size.get("shortest_edge") if isinstance(size, dict) else getattr(size, "shortest_edge", None)
+    side = max(_SIDE, math.isqrt(int(least) - 1) + 1 if least else 0)
+    return -(-side // (patch * merge)) * (patch * merge)
+
+
+def validation_image(seed: int = 0, side: int = _SIDE) -> np.ndarray:
+    """The image the reference is recorded on: `[side, side, 3]` uint8, 8 x 8-pixel blocks of seeded random colours."""
+    blocks = np.random.default_rng(seed).integers(0, 256, (-(-side // _BLOCK),) * 2 + (3,), dtype=np.uint8)
+    return np.repeat(np.repeat(blocks, _BLOCK, axis=0), _BLOCK, axis=1)[:side, :side]
 
 
 def conversation(prompt: str) -> list[dict]:

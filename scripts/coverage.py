@@ -30,6 +30,16 @@ results into a JSON file (the types run replace their rows, so it can be filled 
     PYTHONPATH=. python scripts/coverage.py --npu-results docs/npu-real-width.json
     PYTHONPATH=. python scripts/coverage.py --render-only results.json --npu-results docs/npu-real-width.json
 
+The vision-language section (`--task image-text-to-text-shared`, every type `pipeline.vlm.supported_vlm_types()`
+returns, `--types` to choose): `--vlm` builds each tiny checkpoint with its processor, exports it, runs `validate`
+through `optimum-vlm` and `genai-vlm` under f32 and default properties and optimum-intel's own `image-text-to-text`
+export beside it, each a command of its own, merges the rows into `--vlm-results` (default docs/vlm-coverage.json)
+and replaces only that section of the page (a full sweep keeps the section it finds); `--render-only FILE`
+re-renders it from the JSON:
+
+    PYTHONPATH=. python scripts/coverage.py --vlm --jobs 1
+    PYTHONPATH=. python scripts/coverage.py --vlm --render-only docs/vlm-coverage.json
+
 `--jobs` runs that many model types at once (default 2), `--timeout` bounds each one (seconds),
 `--no-static` skips the static export (for quick comparisons, e.g. between transformers versions).
 The representative subset CI runs is `tests/test_coverage.py` (`pytest -m coverage`).

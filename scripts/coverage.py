@@ -453,17 +453,25 @@ def _command(cmd: list[str], timeout: int = VLM_STEP_TIMEOUT) -> tuple[int, str,
     return proc.returncode, proc.stdout, proc.stderr, round(time.monotonic() - t0, 1)
 
 
+VLM_REPORT_KEYS = ("consumer", "rule", "terms", "tolerance", "max_abs_diff_prefill", "max_abs_diff_decode",
+                   "top1_agreement", "greedy_tokens", "compared_tokens", "restarts", "differing_steps", "not_compared",
+                   "error")
+
+
 def _validate_cell(report: dict) -> str:
-    """A passing `validate --json` report in a few words: its figures."""
+    """A passing `validate --json` report in a few words: its figures, its near-ties, the calls it did not compare."""
     if "max_abs_diff_prefill" in report:
         text = (f"passed, max |dlogits| {max(report['max_abs_diff_prefill'], report['max_abs_diff_decode']):.1e} "
                 f"(tolerance {report['tolerance']:.2g})")
     else:
         compared = report.get("compared_tokens") or []
-        text = f"passed, {len(compared)} of {report.get('greedy_tokens')} tokens"
+        text = f"passed, {sum(compared)} of {report.get('greedy_tokens')} tokens compared"
     ties = [d for d in report.get("differing_steps") or [] if d.get("near_tie")]
     if ties:
-        text += f", {len(ties)} near-tie{'s' if len(ties) > 1 else ''}"
+        text += (f", {len(ties)} near-tie{'s' if len(ties) > 1 else ''} (token "
+                 + ", ".join(f"{d['step']}: PyTorch's margin {d['margin']:.2g}" for d in ties[:3]) + ")")
+    for skipped in (report.get("not_compared") or [])[:1]:
+        text += f"; from token {skipped['from_step']} not compared: {skipped['reason']}"
     return text
 
 
@@ -507,10 +515,15 @@ def run_vlm_one(model_type: str, workdir: Path) -> dict:
             cmd += [a for k, v in properties.items() for a in ("-p", f"{k}={v}")]
             code, stdout, stderr, took = _command(cmd)
             seconds[f"{consumer} {label}"] = took
+            try:  # `--json`: the report on stdout, a failure's too when it has one
+                report = json.loads(stdout)
+            except ValueError:
+                report = {}
+            result.setdefault("reports", {})[f"{consumer} {label}"] = {k: report[k] for k in VLM_REPORT_KEYS if k in report}
             if code == 0:
                 try:
-                    cell = _validate_cell(json.loads(stdout))
-                except (ValueError, KeyError, TypeError):
+                    cell = _validate_cell(report)
+                except (KeyError, TypeError):
                     cell = "passed"
             else:
                 cell = f"failed: {_exception_line(stderr)}"

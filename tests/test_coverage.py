@@ -163,6 +163,13 @@ def test_vision_language_section_renders_after_the_multimodal_one_and_splices_on
     assert again.replace("\n".join(fewer) + "\n", "", 1) == page
     assert cov.splice_vlm("# Coverage\n", section) == "# Coverage\n\n" + text  # no multimodal section: at the end
 
+    # a passing report's cell: its figures, near-ties and the calls it could not compare
+    assert cov._validate_cell({"max_abs_diff_prefill": 1e-5, "max_abs_diff_decode": 3e-5, "tolerance": 0.0031}) == \
+        "passed, max |dlogits| 3.0e-05 (tolerance 0.0031)"
+    assert cov._validate_cell({"greedy_tokens": 8, "compared_tokens": [2], "differing_steps": [
+        {"step": 1, "margin": 0.0021, "near_tie": True}], "not_compared": [{"from_step": 2, "reason": "no text"}]}) == \
+        "passed, 2 of 8 tokens compared, 1 near-tie (token 1: PyTorch's margin 0.0021); from token 2 not compared: no text"
+
     # `--vlm --render-only FILE`: the page re-rendered from the JSON, nothing run
     (tmp_path / "vlm.json").write_text(json.dumps(data))
     (tmp_path / "page.md").write_text(spliced.replace("| qwen3_5 | passed", "| qwen3_5 | stale"))

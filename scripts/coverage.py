@@ -810,7 +810,15 @@ def _vlm_export_cell(r: dict) -> str:
     if not val:
         return r.get("export") or "-"
     diff = max(val.get("max_abs_diff_prefill") or 0, val.get("max_abs_diff_decode") or 0)
-    return f"{val.get('status')}, max \\|dlogits\\| {diff:.1e}"
+    return f"{val.get('status')}, max |dlogits| {diff:.1e}"
+
+
+def _vlm_cell(text: str | None) -> str:
+    """A recorded line as the table shows it: the run's temporary artifact path as OUT, an OpenVINO exception's
+    source location and an ImportError's module path left out (their messages kept)."""
+    text = re.sub(r"/tmp/osg-cov-[^/\s]+/shared\b", "OUT", text or "-")
+    text = re.sub(r" \(/\S+\.py\)", "", text)  # an ImportError's path to the installed module
+    return _cell(re.sub(r"Exception from \S+:\d+:\s*", "", text))
 
 
 def _vlm_passed(cell: str | None) -> bool:
@@ -828,7 +836,7 @@ def render_vlm(data: dict) -> list[str]:
     exact = [r for r in exported if all(_vlm_passed(r.get(c)) for c in columns[:2])]
     default = [r for r in exported if all(_vlm_passed(r.get(c)) for c in columns[2:])]
     theirs = [r for r in rows if r.get("image-text-to-text") == "exported"]
-    f32 = " ".join(f"-p {k}={v}" for k, v in sorted(EXACT.items(), reverse=True))
+    f32 = " ".join(f"-p {k}={v}" for k, v in sorted(EXACT.items()))
     lines = [
         VLM_HEADING, "",
         "The whole vision-language model exported with `--task image-text-to-text-shared` (the language model as the",
@@ -862,8 +870,8 @@ def render_vlm(data: dict) -> list[str]:
         "| model type | export | optimum-vlm (f32) | genai-vlm (f32) | optimum-vlm (default) | genai-vlm (default) "
         "| optimum-intel image-text-to-text |",
         "|---|---|---|---|---|---|---|",
-        *(f"| {r['model_type']} | {_vlm_export_cell(r)} | " + " | ".join(_cell(r.get(c, '-')) for c in columns)
-          + f" | {_cell(r.get('image-text-to-text', '-'))} |" for r in rows),
+        *(f"| {r['model_type']} | {_vlm_cell(_vlm_export_cell(r))} | " + " | ".join(_vlm_cell(r.get(c)) for c in columns)
+          + f" | {_vlm_cell(r.get('image-text-to-text'))} |" for r in rows),
         "",
     ]
     return lines

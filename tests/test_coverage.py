@@ -170,6 +170,11 @@ def test_vision_language_section_renders_after_the_multimodal_one_and_splices_on
         {"step": 1, "margin": 0.0021, "near_tie": True}], "not_compared": [{"from_step": 2, "reason": "no text"}]}) == \
         "passed, 2 of 8 tokens compared, 1 near-tie (token 1: PyTorch's margin 0.0021); from token 2 not compared: no text"
 
+    # a recorded line as the table shows it: the run's temporary artifact as OUT, no source locations
+    assert cov._vlm_cell("failed: genai-vlm on CPU could not run /tmp/osg-cov-mistral3-ab_c/shared: RuntimeError: "
+                         "Exception from /a/b/vlm_config.cpp:45: Unsupported 'mistral3' VLM model type") == \
+        "failed: genai-vlm on CPU could not run OUT: RuntimeError: Unsupported 'mistral3' VLM model type"
+
     # `--vlm --render-only FILE`: the page re-rendered from the JSON, nothing run
     (tmp_path / "vlm.json").write_text(json.dumps(data))
     (tmp_path / "page.md").write_text(spliced.replace("| qwen3_5 | passed", "| qwen3_5 | stale"))

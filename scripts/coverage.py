@@ -30,6 +30,16 @@ results into a JSON file (the types run replace their rows, so it can be filled 
     PYTHONPATH=. python scripts/coverage.py --npu-results docs/npu-real-width.json
     PYTHONPATH=. python scripts/coverage.py --render-only results.json --npu-results docs/npu-real-width.json
 
+The vision-language section (`--task image-text-to-text-shared`, every type `pipeline.vlm.supported_vlm_types()`
+returns, `--types` to choose): `--vlm` builds each tiny checkpoint with its processor, exports it, runs `validate`
+through `optimum-vlm` and `genai-vlm` under f32 and default properties and optimum-intel's own `image-text-to-text`
+export beside it, each a command of its own, merges the rows into `--vlm-results` (default docs/vlm-coverage.json)
+and replaces only that section of the page (a full sweep keeps the section it finds); `--render-only FILE`
+re-renders it from the JSON:
+
+    PYTHONPATH=. python scripts/coverage.py --vlm --jobs 1
+    PYTHONPATH=. python scripts/coverage.py --vlm --render-only docs/vlm-coverage.json
+
 `--jobs` runs that many model types at once (default 2), `--timeout` bounds each one (seconds),
 `--no-static` skips the static export (for quick comparisons, e.g. between transformers versions).
 The representative subset CI runs is `tests/test_coverage.py` (`pytest -m coverage`).
@@ -405,6 +415,128 @@ def run_npu_one(model_type: str, workdir: Path, layers: int | None = None) -> di
     return result
 
 
+# ----------------------------------------------------------------------------------------------
+# Vision-language models (`--vlm`): `--task image-text-to-text-shared`, one model type in its own subprocess
+# ----------------------------------------------------------------------------------------------
+
+VLM_HEADING = "## Vision-language models: image-text-to-text-shared"
+# (consumer, label of the properties, the properties): what `validate` is run with on each artifact
+VLM_VALIDATIONS = [("optimum-vlm", "f32", EXACT), ("genai-vlm", "f32", EXACT),
+                   ("optimum-vlm", "default", {}), ("genai-vlm", "default", {})]
+VLM_STEP_TIMEOUT = 900  # seconds for each command of a type (export, validate), within the type's own --timeout
+
+
+def _optimum_cli() -> str:
+    beside = Path(sys.executable).parent / "optimum-cli"
+    return str(beside) if beside.exists() else "optimum-cli"
+
+
+def _exception_line(stderr: str) -> str:
+    """A failed command's first error line: its `error: ` line, else the exception a traceback ends with."""
+    lines = [line.strip() for line in stderr.splitlines() if line.strip()]
+    said = [line[len("error: "):] for line in lines if line.startswith("error: ")]
+    if said:
+        return said[0][:300]
+    raised = [line for line in lines if re.match(r"^[A-Za-z_][\w.]*(Error|Exception|Exit)\b:?", line)]
+    if raised:
+        return raised[-1][:300]
+    return lines[-1][:300] if lines else "failed without a message"
+
+
+def _command(cmd: list[str], timeout: int = VLM_STEP_TIMEOUT) -> tuple[int, str, str, float]:
+    """Run `cmd` (this process's environment) -> (exit code, stdout, stderr, seconds); a timeout is exit code -1."""
+    t0 = time.monotonic()
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return -1, "", f"error: timed out after {timeout} s", round(time.monotonic() - t0, 1)
+    return proc.returncode, proc.stdout, proc.stderr, round(time.monotonic() - t0, 1)
+
+
+VLM_REPORT_KEYS = ("consumer", "rule", "terms", "tolerance", "max_abs_diff_prefill", "max_abs_diff_decode",
+                   "top1_agreement", "greedy_tokens", "compared_tokens", "restarts", "differing_steps", "not_compared",
+                   "error")
+
+
+def _validate_cell(report: dict) -> str:
+    """A passing `validate --json` report in a few words: its figures, its near-ties, the calls it did not compare."""
+    if "max_abs_diff_prefill" in report:
+        text = (f"passed, max |dlogits| {max(report['max_abs_diff_prefill'], report['max_abs_diff_decode']):.1e} "
+                f"(tolerance {report['tolerance']:.2g})")
+    else:
+        compared = report.get("compared_tokens") or []
+        text = f"passed, {sum(compared)} of {report.get('greedy_tokens')} tokens compared"
+    ties = [d for d in report.get("differing_steps") or [] if d.get("near_tie")]
+    if ties:
+        text += (f", {len(ties)} near-tie{'s' if len(ties) > 1 else ''} (token "
+                 + ", ".join(f"{d['step']}: PyTorch's margin {d['margin']:.2g}" for d in ties[:3]) + ")")
+    for skipped in (report.get("not_compared") or [])[:1]:
+        text += f"; from token {skipped['from_step']} not compared: {skipped['reason']}"
+    return text
+
+
+def run_vlm_one(model_type: str, workdir: Path) -> dict:
+    """Build `model_type`'s tiny checkpoint with its processor, export it with `--task image-text-to-text-shared`,
+    run `validate` through both VLM consumers (f32 and default properties), and export it with optimum-intel's own
+    `--task image-text-to-text`: each a command of its own, as a user runs it. One row of the VLM section."""
+    import shutil
+
+    import transformers
+
+    from optimum_shared_graph.testing import build_tiny_multimodal
+
+    result: dict = {"model_type": model_type, "transformers": transformers.__version__}
+    started = time.monotonic()
+    seconds = result["seconds"] = {}
+    model_dir, out, theirs = workdir / "model", workdir / "shared", workdir / "image-text-to-text"
+    t0 = time.monotonic()
+    try:
+        build_tiny_multimodal(model_type, model_dir, processor=True)
+    except Exception as err:  # noqa: BLE001
+        result["export"] = f"tiny checkpoint build failed: {type(err).__name__}: {_first_line(err)}"
+        return result
+    seconds["build"] = round(time.monotonic() - t0, 1)
+
+    code, _, stderr, seconds["export"] = _command(
+        [_optimum_cli(), "export", "openvino", "-m", str(model_dir), "--task", "image-text-to-text-shared", str(out)])
+    if code != 0:
+        result["export"] = f"refused: {_exception_line(stderr)}"
+    else:
+        manifest = json.loads((out / "shared_graph.json").read_text())
+        validation = manifest.get("validation") or {}
+        result["validation"] = {k: validation.get(k) for k in ("status", "greedy_match", "max_abs_diff_prefill",
+                                                               "max_abs_diff_decode", "tolerance")}
+        result["validation"]["max_abs_diff_image_embeds"] = (validation.get("vision") or {}).get("max_abs_diff_image_embeds")
+        result["graphs"] = sorted(p.name for p in out.glob("openvino_*.xml") if "tokenizer" not in p.name)
+        result["fixes"] = [f["fix"] for f in (manifest.get("model") or {}).get("fixes", [])]
+        result["export"] = "passed" if validation.get("status") == "passed" else f"validation {validation.get('status')}"
+        for consumer, label, properties in VLM_VALIDATIONS:
+            cmd = [sys.executable, "-m", "optimum_shared_graph", "validate", str(out), "--consumer", consumer, "--json"]
+            cmd += [a for k, v in properties.items() for a in ("-p", f"{k}={v}")]
+            code, stdout, stderr, took = _command(cmd)
+            seconds[f"{consumer} {label}"] = took
+            try:  # `--json`: the report on stdout, a failure's too when it has one
+                report = json.loads(stdout)
+            except ValueError:
+                report = {}
+            result.setdefault("reports", {})[f"{consumer} {label}"] = {k: report[k] for k in VLM_REPORT_KEYS if k in report}
+            if code == 0:
+                try:
+                    cell = _validate_cell(report)
+                except (KeyError, TypeError):
+                    cell = "passed"
+            else:
+                cell = f"failed: {_exception_line(stderr)}"
+            result[f"{consumer} {label}"] = cell
+
+    code, _, stderr, seconds["image-text-to-text"] = _command(
+        [_optimum_cli(), "export", "openvino", "-m", str(model_dir), "--task", "image-text-to-text", str(theirs)])
+    result["image-text-to-text"] = "exported" if code == 0 else f"fails: {_exception_line(stderr)}"
+    shutil.rmtree(theirs, ignore_errors=True)
+    seconds["total"] = round(time.monotonic() - started, 1)
+    return result
+
+
 def _validation_flip_evidence(model_dir: Path, reason: str) -> str:
     """For an export refused on a greedy flip: PyTorch's top-2 margin at that step of the validation prompt."""
     match = re.search(r"greedy token (\d+) differs", reason)
@@ -537,13 +669,14 @@ def _static(model_dir: Path, workdir: Path, refs: list) -> str:
 
 
 def _run_subprocess(model_type: str, timeout: int, python: str, static: bool, npu: bool,
-                    real_width: bool = False, layers: int | None = None) -> dict:
-    """`run_one(model_type)` (or `run_npu_one` with `real_width`) in a subprocess of its own, bounded by `timeout`."""
+                    real_width: bool = False, layers: int | None = None, vlm: bool = False) -> dict:
+    """`run_one(model_type)` (or `run_npu_one` with `real_width`, `run_vlm_one` with `vlm`) in a subprocess of its
+    own, bounded by `timeout`."""
     import transformers
 
     from optimum_shared_graph.testing import MULTIMODAL, buildable_reason
 
-    why = None if model_type in MULTIMODAL or real_width else buildable_reason(model_type)
+    why = None if model_type in MULTIMODAL or real_width or vlm else buildable_reason(model_type)
     if why:  # no subprocess needed to say so
         return {"model_type": model_type, "transformers": transformers.__version__, "status": NOT_BUILDABLE, "reason": why}
     with tempfile.TemporaryDirectory(prefix=f"osg-cov-{model_type}-") as tmp:
@@ -551,6 +684,7 @@ def _run_subprocess(model_type: str, timeout: int, python: str, static: bool, np
         cmd = ["nice", "-n", "10", python, str(Path(__file__).resolve()), "--one", model_type,
                "--workdir", tmp, "--result", str(result_file)] + ([] if static else ["--no-static"]) + ([] if npu else ["--no-npu"])
         cmd += (["--npu-only"] + (["--npu-layers", str(layers)] if layers else [])) if real_width else []
+        cmd += ["--vlm"] if vlm else []
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
                    TOKENIZERS_PARALLELISM="false", OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
         env.pop("OPTIMUM_SHARED_GRAPH_DEBUG", None)
@@ -558,6 +692,9 @@ def _run_subprocess(model_type: str, timeout: int, python: str, static: bool, np
         try:
             proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
         except subprocess.TimeoutExpired:
+            if vlm:
+                return {"model_type": model_type, "export": f"timed out after {timeout} s in the coverage run",
+                        "seconds": {"total": timeout}}
             if real_width:
                 return {"model_type": model_type, "npu": f"timed out after {timeout} s", "seconds": {"total": timeout}}
             return {"model_type": model_type, "status": REFUSED, "reason": f"timed out after {timeout} s in the coverage run",
@@ -566,6 +703,8 @@ def _run_subprocess(model_type: str, timeout: int, python: str, static: bool, np
             return json.loads(result_file.read_text())
         tail = [line for line in (proc.stderr or "").splitlines() if line.strip()]
         crashed = f"worker crashed (exit {proc.returncode}): {tail[-1][:300] if tail else 'no output'}"
+        if vlm:
+            return {"model_type": model_type, "export": crashed, "seconds": {"total": round(time.monotonic() - t0, 1)}}
         if real_width:
             return {"model_type": model_type, "npu": crashed, "seconds": {"total": round(time.monotonic() - t0, 1)}}
         return {"model_type": model_type, "status": REFUSED, "seconds": round(time.monotonic() - t0, 1),
@@ -664,6 +803,102 @@ def splice_multimodal(page: str, section: list[str]) -> str:
     if anchor < 0:
         return page.rstrip("\n") + "\n\n" + text
     return page[:anchor] + text + "\n" + page[anchor:]
+
+
+def _vlm_export_cell(r: dict) -> str:
+    val = r.get("validation") or {}
+    if not val:
+        return r.get("export") or "-"
+    diff = max(val.get("max_abs_diff_prefill") or 0, val.get("max_abs_diff_decode") or 0)
+    return f"{val.get('status')}, max |dlogits| {diff:.1e}"
+
+
+def _vlm_cell(text: str | None) -> str:
+    """A recorded line as the table shows it: the run's temporary artifact path as OUT, an OpenVINO exception's
+    source location and an ImportError's module path left out (their messages kept)."""
+    text = re.sub(r"/tmp/osg-cov-[^/\s]+/shared\b", "OUT", text or "-")
+    text = re.sub(r" \(/\S+\.py\)", "", text)  # an ImportError's path to the installed module
+    return _cell(re.sub(r"Exception from \S+:\d+:\s*", "", text))
+
+
+def _vlm_passed(cell: str | None) -> bool:
+    return (cell or "").startswith("passed")
+
+
+def render_vlm(data: dict) -> list[str]:
+    """The vision-language section: one row per model type of a `--vlm` run's results (`data`: the JSON it wrote)."""
+    rows = sorted(data.get("results") or [], key=lambda r: r["model_type"])
+    if not rows:
+        return []
+    versions = data.get("versions") or {}
+    columns = [f"{consumer} {label}" for consumer, label, _ in VLM_VALIDATIONS]
+    exported = [r for r in rows if (r.get("validation") or {}).get("status") == "passed"]
+    exact = [r for r in exported if all(_vlm_passed(r.get(c)) for c in columns[:2])]
+    default = [r for r in exported if all(_vlm_passed(r.get(c)) for c in columns[2:])]
+    theirs = [r for r in rows if r.get("image-text-to-text") == "exported"]
+    f32 = " ".join(f"-p {k}={v}" for k, v in sorted(EXACT.items()))
+    lines = [
+        VLM_HEADING, "",
+        "The whole vision-language model exported with `--task image-text-to-text-shared` (the language model as the",
+        "one stateful shared graph, the vision parts as optimum-intel lays them out: [The whole model](multimodal.md#the-whole-model-task-image-text-to-text-shared)),",
+        "for every model type it exports (`pipeline.vlm.supported_vlm_types()`), on a tiny random-init checkpoint",
+        "laid out like the published one, with its processor (`testing.build_tiny_multimodal(model_type, dir,",
+        "processor=True)`), each step a command as a user runs it (`scripts/coverage.py --vlm`). Columns:",
+        "",
+        "- **export**: `optimum-cli export openvino --task image-text-to-text-shared`: its validation at export (the",
+        "  parts run as OVModelForVisualCausalLM runs them, against PyTorch's greedy `generate()` on an image and a",
+        "  prompt) and the largest |logits difference| over the prefill and decode calls; a refused export's one line;",
+        "- **optimum-vlm**, **genai-vlm**: `validate OUT --consumer optimum-vlm|genai-vlm` (run as `python -m",
+        "  optimum_shared_graph validate`, the command `optimum-cli shared-graph validate` runs; OVModelForVisualCausalLM",
+        "  teacher-forced, every call's logits; GenAI's VLMPipeline, greedy tokens) on the stored image and prompt,",
+        f"  under f32 properties (`{f32}`, where the judge asks for exact agreement) and under",
+        "  the CPU's default properties (judged by PyTorch's margins): passed with its figures, or the command's",
+        "  one-line failure;",
+        "- **optimum-intel image-text-to-text**: optimum-intel's own `optimum-cli export openvino --task",
+        "  image-text-to-text` of the same checkpoint, for comparison: exported, or its first error line.",
+        "",
+        f"Run: transformers {versions.get('transformers')}, optimum-intel {versions.get('optimum-intel')}, "
+        f"openvino {versions.get('openvino')}, openvino-genai {versions.get('openvino-genai')}, torch "
+        f"{versions.get('torch')}; {data.get('machine', '?')}; commit {data.get('commit') or '?'}; "
+        f"{sum((r.get('seconds') or {}).get('total') or 0 for r in rows) / 60:.1f} minutes in all. "
+        f"Results: `{data.get('source') or 'docs/vlm-coverage.json'}`.",
+        "",
+        f"**{len(exported)} of {len(rows)} vision-language model types exported with validation passed; {len(exact)} "
+        f"pass both consumers under f32 properties, {len(default)} under the default properties; optimum-intel's "
+        f"image-text-to-text exports {len(theirs)} of {len(rows)}.**",
+        "",
+        "| model type | export | optimum-vlm (f32) | genai-vlm (f32) | optimum-vlm (default) | genai-vlm (default) "
+        "| optimum-intel image-text-to-text |",
+        "|---|---|---|---|---|---|---|",
+        *(f"| {r['model_type']} | {_vlm_cell(_vlm_export_cell(r))} | " + " | ".join(_vlm_cell(r.get(c)) for c in columns)
+          + f" | {_vlm_cell(r.get('image-text-to-text'))} |" for r in rows),
+        "",
+    ]
+    return lines
+
+
+def splice_vlm(page: str, section: list[str]) -> str:
+    """`page` with its vision-language section replaced by `section`, or inserted after the multimodal
+    checkpoints' section when it had none (at the end without that either); the rest of the page unchanged."""
+    text = "\n".join(section)
+    start = page.find(VLM_HEADING)
+    if start >= 0:
+        end = page.find("\n## ", start + len(VLM_HEADING))
+        return page[:start] + text + ("\n" + page[end + 1:] if end >= 0 else "")
+    after = page.find(MULTIMODAL_HEADING)
+    end = page.find("\n## ", after + len(MULTIMODAL_HEADING)) if after >= 0 else -1
+    if end < 0:
+        return page.rstrip("\n") + "\n\n" + text
+    return page[:end + 1] + text + "\n" + page[end + 1:]
+
+
+def vlm_section_of(page: str) -> list[str]:
+    """The vision-language section of `page` as its lines (with its trailing blank line), or [] when it has none."""
+    start = page.find(VLM_HEADING)
+    if start < 0:
+        return []
+    end = page.find("\n## ", start + len(VLM_HEADING))
+    return (page[start:end] if end >= 0 else page[start:].rstrip("\n") + "\n").split("\n")
 
 
 def apply_npu_results(results: list[dict], npu_results: dict) -> list[dict]:
@@ -934,7 +1169,7 @@ def _npu_sweep(args) -> int:
                  prompts=PROMPTS)
     t0 = time.monotonic()
     with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
-        futures = [pool.submit(_run_subprocess, t, args.timeout, sys.executable, False, True, real_width=True,
+        futures = [pool.submit(_run_subprocess, t, args.timeout or 420, sys.executable, False, True, real_width=True,
                                layers=args.npu_layers)
                    for t in types]
         for future in as_completed(futures):
@@ -947,13 +1182,57 @@ def _npu_sweep(args) -> int:
     return 0
 
 
+def _machine() -> str:
+    """The CPU's model name (with AMX when it has it: bf16 by default in the CPU plugin) and its count."""
+    model, amx = platform.processor() or platform.machine(), False
+    with contextlib.suppress(OSError):
+        info = Path("/proc/cpuinfo").read_text()
+        found = re.search(r"^model name\s*:\s*(.+)$", info, re.M)
+        model = found.group(1).strip() if found else model
+        amx = bool(re.search(r"^flags\s*:.*\bamx_bf16\b", info, re.M))
+    return f"{model}{' with AMX' if amx else ''}, {os.cpu_count()} CPUs ({platform.machine()})"
+
+
+def _vlm_sweep(args) -> int:
+    """`--vlm`: each vision-language type in its own subprocess, the results file rewritten after each one (the
+    types run replace their rows), then its section spliced into the page at --output."""
+    from optimum_shared_graph.pipeline.vlm import supported_vlm_types
+
+    results_file = Path(args.render_only or args.vlm_results)
+    if not args.render_only:
+        types = args.types or supported_vlm_types()
+        unknown = [t for t in types if t not in supported_vlm_types()]
+        if unknown:
+            raise SystemExit(f"--task image-text-to-text-shared does not export {', '.join(unknown)} "
+                             f"(it exports {', '.join(supported_vlm_types())})")
+        about = dict(versions=_versions(), machine=_machine(), commit=_commit(), source=_repo_relative(results_file),
+                     validations=[{"consumer": c, "properties": label, "set": p} for c, label, p in VLM_VALIDATIONS])
+        t0 = time.monotonic()
+        with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
+            futures = [pool.submit(_run_subprocess, t, args.timeout or 3600, sys.executable, False, False, vlm=True)
+                       for t in types]
+            for future in as_completed(futures):
+                result = future.result()
+                data = merge_npu_results(read_npu_results(results_file), [result], **about)
+                results_file.parent.mkdir(parents=True, exist_ok=True)
+                results_file.write_text(json.dumps(data, indent=1, default=str) + "\n")
+                print(f"{result['model_type']:12s} {(result.get('seconds') or {}).get('total', '')!s:>7} s  "
+                      + " | ".join(str(result.get(k, "-"))[:90] for k in ["export"] + [f"{c} {label}" for c, label, _
+                                   in VLM_VALIDATIONS] + ["image-text-to-text"]), flush=True)
+        print(f"{len(types)} types in {(time.monotonic() - t0) / 60:.1f} min -> {results_file}")
+    page = Path(args.output).read_text() if Path(args.output).is_file() else ""
+    Path(args.output).write_text(splice_vlm(page, render_vlm(read_npu_results(results_file))))
+    print(f"{VLM_HEADING[3:]} -> {args.output}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--types", nargs="*", help="model types to run (default: all supported)")
     parser.add_argument("--output", default=str(ROOT / "docs" / "architectures.md"))
     parser.add_argument("--results", help="also write the raw results as JSON here")
     parser.add_argument("--jobs", type=int, default=2)
-    parser.add_argument("--timeout", type=int, default=420, help="seconds per model type")
+    parser.add_argument("--timeout", type=int, help="seconds per model type (default 420; with --vlm, 3600)")
     parser.add_argument("--compare", nargs="*", default=[],
                         help="results JSON of sweeps under other transformers versions, for the range section")
     parser.add_argument("--update", help="results JSON of an earlier run: rerun only --types, keep its other rows")
@@ -971,6 +1250,14 @@ def main(argv: list[str] | None = None) -> int:
                                               "run replace their rows), read by the sweep and --render-only for the NPU "
                                               "column (the sweep then skips the tiny models' NPU check)")
     parser.add_argument("--npu-layers", type=int, help="with --npu-only: this many layers instead of released.py's")
+    parser.add_argument("--vlm", action="store_true",
+                        help="run only the vision-language check (--task image-text-to-text-shared exported and "
+                             "validated through optimum-vlm and genai-vlm, optimum-intel's image-text-to-text beside it; "
+                             "default: every type pipeline.vlm.supported_vlm_types() returns, --types to choose), merge "
+                             "the results into --vlm-results and replace that section of the page at --output; with "
+                             "--render-only FILE, re-render the section from FILE without running")
+    parser.add_argument("--vlm-results", default=str(ROOT / "docs" / "vlm-coverage.json"),
+                        help="with --vlm: the results JSON (types run replace their rows)")
     parser.add_argument("--one", help=argparse.SUPPRESS)
     parser.add_argument("--workdir", help=argparse.SUPPRESS)
     parser.add_argument("--result", help=argparse.SUPPRESS)
@@ -978,16 +1265,21 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.one:
         try:
-            if args.npu_only:
+            if args.vlm:
+                result = run_vlm_one(args.one, Path(args.workdir))
+            elif args.npu_only:
                 result = run_npu_one(args.one, Path(args.workdir), layers=args.npu_layers)
             else:
                 result = run_one(args.one, Path(args.workdir), static=args.static, npu=args.npu)
         except Exception as err:  # noqa: BLE001
             error = f"coverage worker error: {type(err).__name__}: {_first_line(err)}"
-            result = ({"model_type": args.one, "npu": error} if args.npu_only else
+            result = ({"model_type": args.one, "export": error} if args.vlm else
+                      {"model_type": args.one, "npu": error} if args.npu_only else
                       {"model_type": args.one, "status": REFUSED, "reason": error})
         Path(args.result).write_text(json.dumps(result, indent=1, default=str))
         return 0
+    if args.vlm:
+        return _vlm_sweep(args)
     if args.npu_only:
         return _npu_sweep(args)
     npu_results = read_npu_results(args.npu_results) if args.npu_results else None
@@ -1008,7 +1300,7 @@ def main(argv: list[str] | None = None) -> int:
         results = []
         with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
             npu = args.npu and npu_results is None  # the NPU column comes from the real-width results
-            for result in pool.map(lambda t: _run_subprocess(t, args.timeout, sys.executable, args.static, npu), types):
+            for result in pool.map(lambda t: _run_subprocess(t, args.timeout or 420, sys.executable, args.static, npu), types):
                 results.append(result)
                 print(f"{result['model_type']:28s} {result['status']:18s} {result.get('seconds', '')!s:>6} "
                       f"{result.get('reason', '')[:150]}", flush=True)
@@ -1025,9 +1317,12 @@ def main(argv: list[str] | None = None) -> int:
         page = Path(args.output).read_text()
         Path(args.output).write_text(splice_multimodal(page, render_multimodal(results, versions=versions)))
     else:
-        Path(args.output).write_text(render(results, seconds=seconds, versions=versions, python=sys.executable,
-                                            compare=compare, npu_results=npu_results,
-                                            npu_source=_repo_relative(args.npu_results) if args.npu_results else ""))
+        page = render(results, seconds=seconds, versions=versions, python=sys.executable, compare=compare,
+                      npu_results=npu_results, npu_source=_repo_relative(args.npu_results) if args.npu_results else "")
+        earlier = Path(args.output).read_text() if Path(args.output).is_file() else ""
+        if vlm_section_of(earlier):  # the vision-language section comes from its own run (--vlm): kept as it was
+            page = splice_vlm(page, vlm_section_of(earlier))
+        Path(args.output).write_text(page)
     if args.results:
         Path(args.results).write_text(json.dumps({"seconds": seconds, "versions": _versions(), "results": results},
                                                  indent=1, default=str))

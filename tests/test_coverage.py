@@ -122,6 +122,65 @@ def test_multimodal_rows_have_their_own_section_and_update_only_it():
     assert cov.splice_multimodal(without, cov.render_multimodal([refused], versions={})).count(cov.MULTIMODAL_HEADING) == 1
 
 
+def test_vision_language_section_renders_after_the_multimodal_one_and_splices_only_itself(tmp_path):
+    """`--vlm`'s section (`render_vlm`, from its results JSON) goes after the multimodal checkpoints' section; splicing
+    it in (and `--vlm --render-only`) leaves the rest of the page byte-identical, and replaces only itself."""
+    cov = _coverage_module()
+    passed = {"status": cov.PASS, "validation": {"status": "passed", "max_abs_diff_prefill": 1e-6,
+                                                 "max_abs_diff_decode": 2e-6},
+              "ovmodel": "parity", "genai": "parity", "static": "parity", "npu": "parity"}
+    page = cov.render([dict(passed, model_type="llama"), dict(passed, model_type="gemma3",
+                                                              exported_model_type="gemma3_text")],
+                      seconds=60, versions={"transformers": "x"}, python=sys.executable,
+                      compare=[[dict(passed, model_type="llama")]])
+    data = {"versions": {"transformers": "x", "openvino-genai": "y"}, "machine": "a CPU, 2 CPUs", "commit": "abc1234",
+            "results": [
+                {"model_type": "qwen3_5", "export": "passed",
+                 "validation": {"status": "passed", "max_abs_diff_prefill": 1e-5, "max_abs_diff_decode": 3e-5},
+                 "optimum-vlm f32": "passed, max |dlogits| 3.0e-05 (tolerance 0.0031)",
+                 "genai-vlm f32": "passed, 8 of 8 tokens", "optimum-vlm default": "failed: greedy token 1 differs",
+                 "genai-vlm default": "passed, 8 of 8 tokens, 2 near-ties",
+                 "image-text-to-text": "fails: ValueError: transformers 5.5.4 is installed", "seconds": {"total": 200}},
+                {"model_type": "mistral3", "export": "refused: it broke", "image-text-to-text": "exported",
+                 "seconds": {"total": 40}}]}
+    section = cov.render_vlm(data)
+    text = "\n".join(section)
+    assert section[0] == cov.VLM_HEADING and "commit abc1234" in text and "4.0 minutes in all" in text
+    assert ("**1 of 2 vision-language model types exported with validation passed; 1 pass both consumers under f32 "
+            "properties, 0 under the default properties; optimum-intel's image-text-to-text exports 1 of 2.**") in text
+    assert ("| qwen3_5 | passed, max \\|dlogits\\| 3.0e-05 | passed, max \\|dlogits\\| 3.0e-05 (tolerance 0.0031) | "
+            "passed, 8 of 8 tokens | failed: greedy token 1 differs | passed, 8 of 8 tokens, 2 near-ties | "
+            "fails: ValueError: transformers 5.5.4 is installed |") in text
+    assert "| mistral3 | refused: it broke | - | - | - | - | exported |" in text
+
+    spliced = cov.splice_vlm(page, section)
+    assert spliced.index(cov.MULTIMODAL_HEADING) < spliced.index(cov.VLM_HEADING) < spliced.index("## Choosing")
+    assert spliced.replace(text + "\n", "", 1) == page  # the rest of the page byte-identical
+    assert cov.splice_vlm(spliced, section) == spliced and cov.vlm_section_of(spliced) == section
+    fewer = cov.render_vlm(dict(data, results=data["results"][1:]))
+    again = cov.splice_vlm(spliced, fewer)
+    assert again.count(cov.VLM_HEADING) == 1 and "| qwen3_5 |" not in again
+    assert again.replace("\n".join(fewer) + "\n", "", 1) == page
+    assert cov.splice_vlm("# Coverage\n", section) == "# Coverage\n\n" + text  # no multimodal section: at the end
+
+    # a passing report's cell: its figures, near-ties and the calls it could not compare
+    assert cov._validate_cell({"max_abs_diff_prefill": 1e-5, "max_abs_diff_decode": 3e-5, "tolerance": 0.0031}) == \
+        "passed, max |dlogits| 3.0e-05 (tolerance 0.0031)"
+    assert cov._validate_cell({"greedy_tokens": 8, "compared_tokens": [2], "differing_steps": [
+        {"step": 1, "margin": 0.0021, "near_tie": True}], "not_compared": [{"from_step": 2, "reason": "no text"}]}) == \
+        "passed, 2 of 8 tokens compared, 1 near-tie (token 1: PyTorch's margin 0.0021); from token 2 not compared: no text"
+
+    # a recorded line as the table shows it: the run's temporary artifact as OUT, no source locations
+    assert cov._vlm_cell("failed: genai-vlm on CPU could not run /tmp/osg-cov-mistral3-ab_c/shared: RuntimeError: "
+                         "Exception from /a/b/vlm_config.cpp:45: Unsupported 'mistral3' VLM model type") == \
+        "failed: genai-vlm on CPU could not run OUT: RuntimeError: Unsupported 'mistral3' VLM model type"
+
+    # `--vlm --render-only FILE`: the page re-rendered from the JSON, nothing run
+    (tmp_path / "vlm.json").write_text(json.dumps(data))
+    (tmp_path / "page.md").write_text(spliced.replace("| qwen3_5 | passed", "| qwen3_5 | stale"))
+    assert cov.main(["--vlm", "--render-only", str(tmp_path / "vlm.json"), "--output", str(tmp_path / "page.md")]) == 0
+    assert (tmp_path / "page.md").read_text() == spliced
+
 # ---------------------------------------------------------------------------------------------------------------
 # The NPU column at released width (`scripts/coverage.py --npu-only`); quick: configurations only, no export
 # ---------------------------------------------------------------------------------------------------------------

@@ -51,13 +51,15 @@ import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
+from optimum_shared_graph.testing import NPU_ON_CPU
+
 ROOT = Path(__file__).resolve().parent.parent
 NEW_TOKENS = 12
 PROMPTS = ["hello", "The quick brown fox jumps over the lazy dog"]
 EXACT = {"KV_CACHE_PRECISION": "f32", "INFERENCE_PRECISION_HINT": "f32"}
 # GenAI's NPU pipeline (NPUW) with its partitions run on the CPU: the code path an NPU takes, runnable anywhere.
 NO_COMPARISON = "no optimum-intel artifact to compare (its export fails here)"
-NPUW = {"NPU_USE_NPUW": "YES", "NPUW_DEVICES": "CPU", "MAX_PROMPT_LEN": 64, "MIN_RESPONSE_LEN": 64}
+NPUW = {**NPU_ON_CPU, "MAX_PROMPT_LEN": 64, "MIN_RESPONSE_LEN": 64}  # f16 compute, as an NPU
 
 # GenAI's cell when only its default PagedAttention rewrite differs: the graph as exported, run by GenAI's SDPA
 # backend, has parity (counted as parity, and the headline says how many).
@@ -346,7 +348,7 @@ def run_npu_one(model_type: str, workdir: Path, layers: int | None = None) -> di
     from optimum_shared_graph.released import build_released_width_model, released_checkpoint, widths
 
     result: dict = {"model_type": model_type, "checkpoint": released_checkpoint(model_type),
-                    "weight_format": NPU_WEIGHT_FORMAT, "commit": _commit()}
+                    "weight_format": NPU_WEIGHT_FORMAT, "commit": _commit(), "npuw": NPUW}
     started = time.monotonic()
     seconds = result["seconds"] = {}
 

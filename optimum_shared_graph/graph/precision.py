@@ -10,19 +10,10 @@ the same graph with its 27 vector and scalar constants kept at float32 precision
 0.0012; optimum-intel's fp16 artifacts round the rotary frequencies the same way.
 
 `keep_vectors_exact(model)` rewrites each float32 constant with at most one dimension above 1 (a vector or a
-scalar, never a weight matrix or an embedding table) whose value fp16 does not hold exactly as two constants
-that it does hold closely: `hi` (the value rounded to fp16) and `lo` (the remainder, about 2^-11 of it), combined
-as `hi - (-lo)` (`Subtract(hi, Negative(lo))`), so that after `compress_to_fp16` the float32 result is the
-original to about 2^-22. OpenVINO folds it at compile time. The weights are compressed as before; the added
-bytes are two fp16 copies of some vectors.
-
-Why `Subtract(hi, Negative(lo))` and not `Add(hi, lo)`: GenAI's NPU pipeline (NPUW) failed on cohere2 (8 layers,
-3 sliding-window and 1 full alternating; hidden size 64 and Command R7B's widths alike) with "Argument shapes
-are inconsistent" at the `BitwiseAnd` its sliding-window mask rewrite adds (a `[0, 1]` padding mask), when the
-rotary frequencies were `Add(hi, lo)` or `Subtract(hi, -lo)` of the two decompressed constants; as
-`Subtract(hi, Negative(lo))`, as one float32 constant, or as one fp16 constant (optimum-intel's artifact) it runs,
-with the same tokens. Where inside NPUW the two-constant form goes wrong was not located
-(`tests/test_precision.py::test_fp16_artifact_runs_through_npuw_with_a_sliding_window` keeps it fixed).
+scalar, never a weight matrix or an embedding table) whose value fp16 does not hold exactly as the sum of two
+constants that it does hold closely: `hi` (the value rounded to fp16) plus `lo` (the remainder, about 2^-11
+of it), so that after `compress_to_fp16` their float32 sum is the original to about 2^-22. OpenVINO folds the
+sum at compile time. The weights are compressed as before; the added bytes are two fp16 copies of some vectors.
 """
 
 from __future__ import annotations
@@ -35,7 +26,7 @@ _MAX_WIDE_DIMS = 1
 
 
 def keep_vectors_exact(model) -> int:
-    """Rewrite `model`'s float32 vectors and scalars that fp16 rounds into fp16-exact pairs (`hi - (-lo)`), in
+    """Rewrite `model`'s float32 vectors and scalars that fp16 rounds into fp16-exact pairs (`hi + lo`), in
     place, before it is saved with `compress_to_fp16`; return how many were rewritten."""
     import openvino as ov
     from openvino import opset13 as ops
@@ -55,7 +46,7 @@ def keep_vectors_exact(model) -> int:
         lo = value - hi
         if not np.any(lo):
             continue  # fp16 holds it exactly (an fp16 checkpoint's norm weights)
-        pair = ops.subtract(ops.constant(hi.reshape(shape)), ops.negative(ops.constant(lo.reshape(shape))))
+        pair = ops.add(ops.constant(hi.reshape(shape)), ops.constant(lo.reshape(shape)))
         pair.set_friendly_name(node.get_friendly_name())
         for target in list(node.output(0).get_target_inputs()):
             target.replace_source_output(pair.output(0))

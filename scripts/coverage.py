@@ -60,6 +60,7 @@ PROMPTS = ["hello", "The quick brown fox jumps over the lazy dog"]
 EXACT = {"KV_CACHE_PRECISION": "f32", "INFERENCE_PRECISION_HINT": "f32"}
 # GenAI's NPU pipeline (NPUW) with its partitions run on the CPU: the code path an NPU takes, runnable anywhere.
 NO_COMPARISON = "no optimum-intel artifact to compare (its export fails here)"
+THEIRS_FAIL = "optimum-intel's artifact fails:"  # in a cell where NPUW runs this package's artifact and not theirs
 NPUW = {**NPU_ON_CPU, "MAX_PROMPT_LEN": 64, "MIN_RESPONSE_LEN": 64}  # f16 compute, as an NPU
 
 # GenAI's cell when only its default PagedAttention rewrite differs: the graph as exported, run by GenAI's SDPA
@@ -264,7 +265,7 @@ def npu_verdict(refs: list, ours, our_error: str | None, theirs=None, their_erro
             return f"NPUW runs neither artifact (optimum-intel's fails the same way): {our_error}"
         return f"failed: {our_error}" + (f" (optimum-intel's artifact: {their_problem or 'parity'})")
     if their_error:
-        return f"{problem} (optimum-intel's artifact fails: {their_error})"
+        return f"{problem} ({THEIRS_FAIL} {their_error})"
     if theirs == ours:
         return f"as optimum-intel's artifact, token for token (NPUW's f16): {problem}"
     return f"differs from optimum-intel's artifact: {problem}"
@@ -710,12 +711,17 @@ def _npu_summary(cells: list[str], *, real_width: bool, not_measured: int = 0) -
     neither = sum(n.startswith("NPUW runs neither") for n in cells)
     alone = sum(n.startswith(NO_COMPARISON) for n in cells)
     parity = sum(n.startswith("parity") for n in cells)
+    theirs_fail = sum(THEIRS_FAIL in n and not n.startswith("parity") for n in cells)
     which = (f"at released width, of the {len(cells)} exported types measured there" if real_width
              else f"of the {len(cells)} exported types")
+    worse = len(cells) - parity - same - neither - alone - refused - theirs_fail
     text = (f"NPU pipeline (NPUW on the CPU), {which}: {parity} with parity, {same} with "
             f"a difference optimum-intel's own artifact shares token for token, {neither} that NPUW runs for "
             f"neither artifact (the same error), {alone} without parity that optimum-intel cannot export here "
-            f"(nothing to compare), {len(cells) - parity - same - neither - alone - refused} worse than optimum-intel's artifact"
+            f"(nothing to compare), "
+            + (f"{theirs_fail} that NPUW runs, with a difference from PyTorch, where it fails on optimum-intel's "
+               "artifact, " if theirs_fail else "")
+            + f"{worse} worse than optimum-intel's artifact"
             + (f", {refused} whose export this package refused at real width (its validation against PyTorch)" if refused else "")
             + ".")
     if not_measured:

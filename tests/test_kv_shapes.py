@@ -1,5 +1,4 @@
-"""graph/kv_shapes.py: a length read from a past value state is read from the key state instead; a range's end
-`past_length + new` is written `new + past_length`, the form GenAI's NPU pipeline rewrites a sliding-window mask in.
+"""graph/kv_shapes.py: a length read from a past value state is read from the key state instead.
 
 Each test builds a small stateful OpenVINO graph by hand: a past key and value state (read through a
 beam_idx Gather, as optimum-intel writes them), each concatenated with the new token's key or value,
@@ -15,9 +14,7 @@ import pytest
 from openvino import opset13 as ops
 from openvino.op.util import Variable, VariableInfo
 
-from conftest import NPU_PRECISION, judged_greedy, pytorch_reference, run_cli_in_process
-
-from optimum_shared_graph.graph.kv_shapes import present_length_first, read_lengths_from_keys
+from optimum_shared_graph.graph.kv_shapes import read_lengths_from_keys
 
 HEADS, HEAD_DIM = 2, 4
 
@@ -92,42 +89,3 @@ def test_a_read_the_key_state_cannot_answer_is_left_alone(case):
     model = _graph(key_shape=(-1, HEADS, HEAD_DIM, -1))  # keys stored [batch, heads, head_dim, length]
     assert read_lengths_from_keys(model) == 0
     assert "value" in _shape_reader(model)
-
-
-def _range_ends(model) -> list[tuple[str, str]]:
-    """The node types of `Add(a, b)` for every Add that ends a `Range`, as (a, b)."""
-    ends = []
-    for op in model.get_ordered_ops():
-        if op.get_type_name() == "Range" and op.input_value(1).get_node().get_type_name() == "Add":
-            add = op.input_value(1).get_node()
-            ends.append(tuple(add.input_value(i).get_node().get_friendly_name() for i in range(2)))
-    return ends
-
-
-def test_sliding_window_model_runs_through_npuw(tiny_model, tmp_path):
-    """GenAI's NPU pipeline (NPUW on the CPU, f16 compute) runs the artifact of a model with sliding-window layers,
-    greedy tokens judged against PyTorch by the margins. Without `present_length_first` its sliding-window mask
-    rewrite fails on this tiny cohere2 (8 layers, 3 sliding and 1 full alternating as Command R7B has them), at
-    compile: "Argument shapes are inconsistent" (measured; also on tiny gemma2 and starcoder2, starcoder2's
-    optimum-intel artifact included)."""
-    import openvino_genai as ov_genai
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    from optimum_shared_graph.testing import NPU_ON_CPU
-
-    model_dir = tiny_model("cohere2", num_hidden_layers=8, sliding_window=4096,
-                           layer_types=(["sliding_attention"] * 3 + ["full_attention"]) * 2)
-    out = tmp_path / "shared"
-    run_cli_in_process("export", "openvino", "-m", str(model_dir), "--task", "text-generation-shared",
-                       "--weight-format", "fp16", str(out))
-    graph = ov.Core().read_model(out / "openvino_model.xml")
-    assert present_length_first(graph) == 0  # the export wrote every such end already
-    assert _range_ends(graph), "the mask's key range ends with an Add"
-    del graph
-
-    ids = torch.tensor([[1, 5, 17, 33, 99, 7, 250]])
-    reference = pytorch_reference(AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval(),
-                                  {"input_ids": ids, "attention_mask": torch.ones_like(ids)}, 8)
-    pipe = ov_genai.LLMPipeline(str(out), "NPU", **NPU_ON_CPU, MAX_PROMPT_LEN=64, MIN_RESPONSE_LEN=64)
-    assert judged_greedy(pipe, reference, NPU_PRECISION) is None

@@ -1,2 +1,2 @@
-"""Transforms of OpenVINO graphs: the logits slice, past lengths from key states (and written after the new tokens' count), static graphs' shapes and
+"""Transforms of OpenVINO graphs: the logits slice, past lengths from key states, static graphs' shapes and
 state, consecutive parts, and fp16 weights that keep the graph's vectors at float32 precision."""

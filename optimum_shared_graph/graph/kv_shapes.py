@@ -12,17 +12,6 @@ concatenation, but not other readers of the state's shape: a length read there b
 and compilation fails ("Broadcast incorrect target shape"). `read_lengths_from_keys()` points such
 reads at the matching past key state, which has the same batch, heads and length. The graph computes
 the same numbers; every export is validated against PyTorch after it.
-
-NPUW also rewrites a sliding-window attention mask for its static cache (its `SlidingWindowMask` pass): it matches
-the mask's key range `Range(0, x + past_length)` and its query positions `Range(0, new) + past_length`, and takes
-the past length from the match. Its pattern names the past length once for both, and OpenVINO's matcher keeps
-whichever value it bound last, so where the graph writes the key range's end as `past_length + new`, the length
-it keeps can be the prompt's: the padding mask it builds from `attention_mask[past:past + new]` is then empty in
-the prefill model, and compilation fails ("Argument shapes are inconsistent" at a `BitwiseAnd` of `[1, 1, 64, 64]`
-and `[0, 1]`). Measured on tiny (hidden 64) cohere2 (8 layers), gemma2 and starcoder2 (6 layers): this package's
-artifacts and optimum-intel's starcoder2 artifact failed so, and all of them ran with the end written the other way.
-`present_length_first()` writes each such end as `new + past_length` (the same number), so either value the
-matcher keeps is the past length.
 """
 
 from __future__ import annotations
@@ -80,40 +69,3 @@ def read_lengths_from_keys(ov_model) -> int:
                 target.replace_source_output(key)
                 moved += 1
     return moved
-
-
-def _past_length_reads(ov_model) -> set:
-    """The outputs that read one axis of a past state's shape: `Gather(ShapeOf(state read), index, 0)`."""
-    reads = {port.get_node().get_friendly_name() for port in _state_reads(ov_model).values()}
-    found = set()
-    for op in ov_model.get_ops():
-        if op.get_type_name() != "ShapeOf" or op.input_value(0).get_node().get_friendly_name() not in reads:
-            continue
-        for use in op.output(0).get_target_inputs():
-            if use.get_node().get_type_name() == "Gather" and use.get_index() == 0:
-                found.add(use.get_node().get_friendly_name())
-    return found
-
-
-def present_length_first(ov_model) -> int:
-    """Write each end of a `Range` computed as `past_length + new` as `new + past_length` (NPUW's sliding-window
-    mask rewrite, above); return how many were rewritten."""
-    from openvino import opset13 as ops
-
-    past = _past_length_reads(ov_model)
-    rewritten = 0
-    for op in ov_model.get_ordered_ops():
-        if op.get_type_name() != "Add":
-            continue
-        first, second = op.input_value(0), op.input_value(1)
-        if first.get_node().get_friendly_name() not in past or second.get_node().get_friendly_name() in past:
-            continue
-        if not any(use.get_node().get_type_name() == "Range" and use.get_index() == 1
-                   for use in op.output(0).get_target_inputs()):
-            continue
-        swapped = ops.add(second, first)
-        swapped.set_friendly_name(op.get_friendly_name())
-        for target in list(op.output(0).get_target_inputs()):
-            target.replace_source_output(swapped.output(0))
-        rewritten += 1
-    return rewritten

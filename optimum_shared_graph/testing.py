@@ -13,6 +13,11 @@ import json
 from pathlib import Path
 from typing import Any
 
+# GenAI's NPU pipeline (NPUW) with its partitions run on the CPU, computing in f16 as an NPU does: without the hint
+# the CPU plugin computes at the host's default precision (bf16 on a CPU with bf16 units), which no NPU does.
+# `LLMPipeline(path, "NPU", **NPU_ON_CPU)`; tests, scripts and the coverage sweep use this one dict.
+NPU_ON_CPU = {"NPU_USE_NPUW": "YES", "NPUW_DEVICES": "CPU", "INFERENCE_PRECISION_HINT": "f16"}
+
 CORPUS = [
     "OpenVINO runs one decoder graph for the prompt and for every new token.",
     "The weights are stored once and compiled once, for prefill and for decode.",

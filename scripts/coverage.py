@@ -29,6 +29,7 @@ results into a JSON file (the types run replace their rows, so it can be filled 
     PYTHONPATH=. python scripts/coverage.py --npu-only --jobs 2 --npu-results docs/npu-real-width.json --types qwen3 llama
     PYTHONPATH=. python scripts/coverage.py --npu-results docs/npu-real-width.json
     PYTHONPATH=. python scripts/coverage.py --render-only results.json --npu-results docs/npu-real-width.json
+    PYTHONPATH=. python scripts/coverage.py --update-npu --npu-results docs/npu-real-width.json   # NPU cells only
 
 The vision-language section (`--task image-text-to-text-shared`, every type `pipeline.vlm.supported_vlm_types()`
 returns, `--types` to choose): `--vlm` builds each tiny checkpoint with its processor, exports it, runs `validate`
@@ -61,13 +62,16 @@ import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
+from optimum_shared_graph.testing import NPU_ON_CPU
+
 ROOT = Path(__file__).resolve().parent.parent
 NEW_TOKENS = 12
 PROMPTS = ["hello", "The quick brown fox jumps over the lazy dog"]
 EXACT = {"KV_CACHE_PRECISION": "f32", "INFERENCE_PRECISION_HINT": "f32"}
 # GenAI's NPU pipeline (NPUW) with its partitions run on the CPU: the code path an NPU takes, runnable anywhere.
 NO_COMPARISON = "no optimum-intel artifact to compare (its export fails here)"
-NPUW = {"NPU_USE_NPUW": "YES", "NPUW_DEVICES": "CPU", "MAX_PROMPT_LEN": 64, "MIN_RESPONSE_LEN": 64}
+THEIRS_FAIL = "optimum-intel's artifact fails:"  # in a cell where NPUW runs this package's artifact and not theirs
+NPUW = {**NPU_ON_CPU, "MAX_PROMPT_LEN": 64, "MIN_RESPONSE_LEN": 64}  # f16 compute, as an NPU
 
 # GenAI's cell when only its default PagedAttention rewrite differs: the graph as exported, run by GenAI's SDPA
 # backend, has parity (counted as parity, and the headline says how many).
@@ -271,7 +275,7 @@ def npu_verdict(refs: list, ours, our_error: str | None, theirs=None, their_erro
             return f"NPUW runs neither artifact (optimum-intel's fails the same way): {our_error}"
         return f"failed: {our_error}" + (f" (optimum-intel's artifact: {their_problem or 'parity'})")
     if their_error:
-        return f"{problem} (optimum-intel's artifact fails: {their_error})"
+        return f"{problem} ({THEIRS_FAIL} {their_error})"
     if theirs == ours:
         return f"as optimum-intel's artifact, token for token (NPUW's f16): {problem}"
     return f"differs from optimum-intel's artifact: {problem}"
@@ -356,7 +360,7 @@ def run_npu_one(model_type: str, workdir: Path, layers: int | None = None) -> di
     from optimum_shared_graph.released import build_released_width_model, released_checkpoint, widths
 
     result: dict = {"model_type": model_type, "checkpoint": released_checkpoint(model_type),
-                    "weight_format": NPU_WEIGHT_FORMAT, "commit": _commit()}
+                    "weight_format": NPU_WEIGHT_FORMAT, "commit": _commit(), "npuw": NPUW}
     started = time.monotonic()
     seconds = result["seconds"] = {}
 
@@ -942,12 +946,17 @@ def _npu_summary(cells: list[str], *, real_width: bool, not_measured: int = 0) -
     neither = sum(n.startswith("NPUW runs neither") for n in cells)
     alone = sum(n.startswith(NO_COMPARISON) for n in cells)
     parity = sum(n.startswith("parity") for n in cells)
+    theirs_fail = sum(THEIRS_FAIL in n and not n.startswith("parity") for n in cells)
     which = (f"at released width, of the {len(cells)} exported types measured there" if real_width
              else f"of the {len(cells)} exported types")
+    worse = len(cells) - parity - same - neither - alone - refused - theirs_fail
     text = (f"NPU pipeline (NPUW on the CPU), {which}: {parity} with parity, {same} with "
             f"a difference optimum-intel's own artifact shares token for token, {neither} that NPUW runs for "
             f"neither artifact (the same error), {alone} without parity that optimum-intel cannot export here "
-            f"(nothing to compare), {len(cells) - parity - same - neither - alone - refused} worse than optimum-intel's artifact"
+            f"(nothing to compare), "
+            + (f"{theirs_fail} that NPUW runs, with a difference from PyTorch, where it fails on optimum-intel's "
+               "artifact, " if theirs_fail else "")
+            + f"{worse} worse than optimum-intel's artifact"
             + (f", {refused} whose export this package refused at real width (its validation against PyTorch)" if refused else "")
             + ".")
     if not_measured:
@@ -965,6 +974,55 @@ def _verdict_label(npu: str | None) -> str:
     return npu
 
 
+def _precision_note(rows: list[dict]) -> list[str]:
+    """Which rows NPUW computed in f16 (`INFERENCE_PRECISION_HINT`, recorded per row since it was added) and which
+    at the host CPU's default precision (earlier runs)."""
+    hinted = sorted(r["model_type"] for r in rows if (r.get("npuw") or {}).get("INFERENCE_PRECISION_HINT"))
+    measured = [r for r in rows if r.get("widths")]
+    if not hinted or len(hinted) == len(measured):
+        return []
+    return [f"Measured with `INFERENCE_PRECISION_HINT='f16'` (what an NPU computes in): {', '.join(hinted)}. The "
+            "other rows come from runs before the hint was added, at the host CPU's default inference precision "
+            "(bf16 on this machine's CPU)."]
+
+
+NPU_TABLE_HEADER = "| model type | status | export | OVModelForCausalLM | GenAI | static | NPU pipeline | reason / note |"
+NPU_SECTION_HEADING = "## NPU pipeline at real width"
+
+
+def update_npu_column(page: str, npu_results: dict, *, source: str) -> str:
+    """`page` (docs/architectures.md) with its NPU column, its NPU summary line and its real-width section
+    rendered again from `npu_results`, every other cell kept: for a rerun of some real-width rows without
+    the tiny models' sweep. The multimodal section's rows are kept as they are."""
+    real = {r["model_type"]: r for r in npu_results.get("results", [])}
+    lines = page.split("\n")
+    start = lines.index(NPU_TABLE_HEADER)
+    cells_of_exported, exported = [], 0
+    for i in range(start + 2, len(lines)):
+        if not lines[i].startswith("| "):
+            break
+        cells = re.split(r"(?<!\\)\|", lines[i])  # ['', type, status, export, ovmodel, genai, static, npu, note, '']
+        model_type, status = cells[1].strip(), cells[2].strip()
+        if status not in (PASS, PARTIAL):
+            continue
+        exported += 1
+        if model_type in real:
+            npu = real[model_type].get("npu") or "no result"
+            cells[7] = f" {_cell(npu)} "
+            lines[i] = "|".join(cells)
+            cells_of_exported.append(npu)
+        elif not cells[7].strip().startswith(NOT_AT_REAL_WIDTH):
+            cells_of_exported.append(cells[7].strip())
+    for i, line in enumerate(lines):
+        if line.startswith("NPU pipeline (NPUW on the CPU), at released width"):
+            lines[i] = _npu_summary(cells_of_exported, real_width=True, not_measured=exported - len(cells_of_exported))
+    text = "\n".join(lines)
+    at = text.find(NPU_SECTION_HEADING)
+    end = text.find("\n## ", at + len(NPU_SECTION_HEADING))
+    section = "\n".join(render_npu_real_width(npu_results, source=source)[:-1])
+    return text[:at] + section + ("\n" + text[end + 1:] if end >= 0 else "\n")
+
+
 def render_npu_real_width(npu_results: dict, *, source: str) -> list[str]:
     """The section listing, per model type, the released checkpoint, the widths built and both artifacts' results."""
     rows = sorted(npu_results.get("results", []), key=lambda r: r["model_type"])
@@ -973,7 +1031,7 @@ def render_npu_real_width(npu_results: dict, *, source: str) -> list[str]:
     v = npu_results.get("versions") or {}
     total = sum((r.get("seconds") or {}).get("total", 0) for r in rows)
     lines = [
-        "## NPU pipeline at real width", "",
+        NPU_SECTION_HEADING, "",
         "The NPU column above comes from these runs, not from the tiny models: NPUW partitions a model by size and by",
         "repeated blocks, so a tiny 2-layer model's result does not predict a released one's. Each model type is built random-init with the widths of",
         "its released checkpoint (`optimum_shared_graph/released.py`, the checkpoint named there and below: hidden size,",
@@ -986,6 +1044,7 @@ def render_npu_real_width(npu_results: dict, *, source: str) -> list[str]:
         f"({npu_results.get('new_tokens', NEW_TOKENS)} tokens on {len(npu_results.get('prompts') or PROMPTS)} prompts against "
         "PyTorch in f32 on the same fp16 weights) through",
         f"`LLMPipeline(path, \"NPU\", {', '.join(f'{k}={v!r}' for k, v in (npu_results.get('npuw') or NPUW).items())})`.",
+        *_precision_note(rows),
         "",
         f"Results: `{source}`, written by `PYTHONPATH=. python scripts/coverage.py --npu-only --jobs 2 --npu-results {source}` on "
         f"{npu_results.get('machine', '?')}; transformers {v.get('transformers')}, optimum-intel {v.get('optimum-intel')}, "
@@ -1258,6 +1317,9 @@ def main(argv: list[str] | None = None) -> int:
                              "--render-only FILE, re-render the section from FILE without running")
     parser.add_argument("--vlm-results", default=str(ROOT / "docs" / "vlm-coverage.json"),
                         help="with --vlm: the results JSON (types run replace their rows)")
+    parser.add_argument("--update-npu", action="store_true",
+                        help="with --npu-results: render the NPU column, its summary and the real-width section of the "
+                             "page at --output again from that file, keeping the page's other cells (no sweep)")
     parser.add_argument("--one", help=argparse.SUPPRESS)
     parser.add_argument("--workdir", help=argparse.SUPPRESS)
     parser.add_argument("--result", help=argparse.SUPPRESS)
@@ -1282,6 +1344,14 @@ def main(argv: list[str] | None = None) -> int:
         return _vlm_sweep(args)
     if args.npu_only:
         return _npu_sweep(args)
+    if args.update_npu:
+        if not args.npu_results:
+            raise SystemExit("--update-npu needs --npu-results FILE")
+        page = Path(args.output).read_text()
+        Path(args.output).write_text(update_npu_column(page, read_npu_results(args.npu_results),
+                                                       source=_repo_relative(args.npu_results)))
+        print(f"NPU column of {args.output} rendered from {args.npu_results}")
+        return 0
     npu_results = read_npu_results(args.npu_results) if args.npu_results else None
 
     from optimum_shared_graph import supported_model_types

@@ -14,6 +14,8 @@ EXACT = {"KV_CACHE_PRECISION": "f32", "INFERENCE_PRECISION_HINT": "f32"}
 # What an NPU computes in: GenAI's NPU pipeline run on the CPU (NPUW_DEVICES=CPU) honours the hint, and without it
 # computes at the host CPU's default precision (bf16 on a CPU with bf16 units), which no NPU does. On a CPU without
 # f16 units the CPU plugin computes f32 instead.
+# (optimum_shared_graph.testing.NPU_ON_CPU has it with the NPU pipeline's properties; this is the part a judgement
+# of its tokens needs.)
 NPU_PRECISION = {"INFERENCE_PRECISION_HINT": "f16"}
 
 

@@ -21,6 +21,7 @@ from conftest import (EXACT, NPU_PRECISION, PROMPTS, break_decode, judged_greedy
                       run_cli_in_process, sixteen_bit)
 
 from optimum_shared_graph import architectures, read_manifest
+from optimum_shared_graph.testing import NPU_ON_CPU
 
 # The model types this package repairs under transformers 5.5 (optimum-intel's own configs fail there).
 REPAIRED = ["bigbird_pegasus", "blenderbot", "dbrx", "deepseek_v2", "deepseek_v3", "falcon_mamba", "gemma4_text",
@@ -65,7 +66,7 @@ DEFAULT_RUN = {"deepseek_v2", "qwen3_next"}
 # Qwen3.5 graphs need two export-time changes for it: no unused position_ids input (architectures/qwen3_5.py) and
 # no past length read from a value state (graph/kv_shapes.py). docs/architectures.md has every type's NPU column.
 NPU_PARITY = {"deepseek_v2", "deepseek_v3", "gemma4_text", "qwen3_5_moe_text", "qwen3_5_text", "qwen3_next"}
-NPUW = {"NPU_USE_NPUW": "YES", "NPUW_DEVICES": "CPU", "MAX_PROMPT_LEN": 64, "MIN_RESPONSE_LEN": 64}
+NPUW = {**NPU_ON_CPU, "MAX_PROMPT_LEN": 64, "MIN_RESPONSE_LEN": 64}
 
 NEW_TOKENS = 12
 
@@ -241,7 +242,7 @@ def _exports_one_graph_with_parity(model_type, path, tmp_path) -> None:
     backend = {"ATTENTION_BACKEND": "SDPA"} if model_type in GENAI_SDPA_ONLY else {}
     pipe = ov_genai.LLMPipeline(str(out), "CPU", **EXACT, **backend)
     reduced = ov_genai.LLMPipeline(str(out), "CPU", **sixteen_bit(), **backend)
-    npu = ov_genai.LLMPipeline(str(out), "NPU", **NPUW, **NPU_PRECISION) if model_type in NPU_PARITY else None
+    npu = ov_genai.LLMPipeline(str(out), "NPU", **NPUW) if model_type in NPU_PARITY else None
     config = ov_genai.GenerationConfig(max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, ignore_eos=True)
     references = []
     for prompt in PROMPTS:
@@ -257,7 +258,7 @@ def _exports_one_graph_with_parity(model_type, path, tmp_path) -> None:
     del npu, reduced
     if model_type in NPU_PARITY:  # the same check fails a graph whose decode is broken
         broken = break_decode(out, tmp_path / "broken")
-        npu = ov_genai.LLMPipeline(str(broken), "NPU", **NPUW, **NPU_PRECISION)
+        npu = ov_genai.LLMPipeline(str(broken), "NPU", **NPUW)
         whys = [judged_greedy(npu, reference) for reference in references]
         assert any(why and "above the tolerance" in why for why in whys), whys
         del npu

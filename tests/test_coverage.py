@@ -240,6 +240,12 @@ def test_npu_verdict_judges_ours_against_optimum_intels_artifact():
     assert cov.npu_verdict(refs, None, "RuntimeError: x", None, "RuntimeError: x").startswith("NPUW runs neither")
     assert cov.npu_verdict(refs, None, "RuntimeError: x", right, None) == "failed: RuntimeError: x (optimum-intel's artifact: parity)"
     assert cov.npu_verdict(refs, wrong, None, theirs_exported=False).startswith(cov.NO_COMPARISON)
+    ours_only = cov.npu_verdict(refs, wrong, None, None, "RuntimeError: x")
+    assert ours_only.startswith("NPUW: token 1") and ours_only.endswith(f"({cov.THEIRS_FAIL} RuntimeError: x)")
+    # NPUW running this package's artifact where it fails on optimum-intel's is not counted as worse
+    summary = cov._npu_summary([ours_only, "differs from optimum-intel's artifact: y"], real_width=True)
+    assert "1 that NPUW runs, with a difference from PyTorch, where it fails on optimum-intel's artifact" in summary
+    assert "1 worse than optimum-intel's artifact" in summary
 
 
 def test_npu_results_merge_and_render_the_column_from_real_width():
@@ -290,6 +296,15 @@ def test_npu_results_merge_and_render_the_column_from_real_width():
     # without real-width results the page is as before: the tiny models' NPU cells
     plain = cov.render(results, seconds=60, versions={"transformers": "x"}, python=sys.executable)
     assert "## NPU pipeline at real width" not in plain and "NPUW runs neither artifact: tiny" in plain
+    # --update-npu: a rerun row replaces its NPU cell, summary and section row; every other cell is kept
+    rerun = {**npu, "results": [dict(npu["results"][0], npu="failed: new", npu_shared="failed: new",
+                                     npuw={"INFERENCE_PRECISION_HINT": "f16"})] + npu["results"][1:]
+             + [dict(model_type="phi", widths=w, npu="parity")]}  # measured before the hint
+    updated = cov.update_npu_column(page, rerun, source="docs/npu-real-width.json")
+    assert updated == cov.render(results, seconds=60, versions={"transformers": "x"}, python=sys.executable,
+                                 npu_results=rerun)
+    assert "| failed: new |" in next(line for line in updated.splitlines() if line.startswith("| llama | exported"))
+    assert "Measured with `INFERENCE_PRECISION_HINT='f16'` (what an NPU computes in): llama." in updated
 
 
 def test_npu_only_skips_a_mixture_of_experts_too_large_to_compile_here(monkeypatch):

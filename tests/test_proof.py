@@ -9,14 +9,13 @@ import shutil
 import numpy as np
 import pytest
 
-from conftest import EXACT, NPU_PRECISION, QUANTIZABLE, break_decode, error_line, run_cli, sixteen_bit
+from conftest import EXACT, QUANTIZABLE, break_decode, error_line, run_cli, sixteen_bit
 
 import optimum_shared_graph as osg
 from optimum_shared_graph.manifest import MANIFEST_NAME, read_manifest
 from optimum_shared_graph.proof.stored import REFERENCE_NAME
+from optimum_shared_graph.testing import NPU_ON_CPU
 
-# OpenVINO GenAI's NPU pipeline with its partitions on the CPU, as on a machine without an NPU.
-NPUW = {"NPU_USE_NPUW": "YES", "NPUW_DEVICES": "CPU"}
 
 
 @pytest.fixture(scope="module")
@@ -84,7 +83,7 @@ CONSUMERS = [
     ("optimum", "CPU", EXACT),
     ("runtime", "CPU", {}),
     ("genai", "CPU", {}),
-    ("genai", "NPU", {**NPUW, **NPU_PRECISION}),
+    ("genai", "NPU", NPU_ON_CPU),  # its partitions on the CPU, computing in f16
     ("openvino", "CPU", sixteen_bit()),  # reduced precision forced, whatever this host's default
     ("genai", "CPU", sixteen_bit()),
     ("continuous-batching", "CPU", {}),

@@ -19,6 +19,18 @@ OpenVINO rule), so the patcher switches the experts to optimum-intel's "ov_batch
 token, weighted by the dense routing weights: the pattern OpenVINO's MoE transformation recognises), as
 optimum-intel's own `DeepseekOCR2LMPatcher` does for the native DeepseekV2 text model under transformers 5,
 and puts the model's experts implementation back on exit.
+
+And DeepSeek-V2's router goes through its gate module. `DeepseekV2Moe.forward` computes the router logits as
+`F.linear(hidden.float(), self.gate.weight.float())`, reading the `nn.Linear`'s weight instead of calling it;
+for a 16-bit model OpenVINO's PyTorch frontend traces every 16-bit `nn.Linear` with its `.weight` replaced by a
+float32 placeholder of zeros (`openvino/frontend/pytorch/patch_model.py`, `_stash_weights_as_fp32_placeholders`:
+the real weight is emitted only through the Linear's own call), so the router's weights became a constant of
+zeros: uniform routing, the same experts for every token. Measured on deepseek_v2 at 512 wide with V2-Lite's
+attention widths (2 layers, fp16 checkpoint): `--weight-format fp16` was refused by validation (greedy token 11
+at a PyTorch margin of 0.383 against a tolerance of 0.343; every call's logits off by 1.2 to 2.6), the router's
+weight constant all zeros in the graph, while fp32 weights validated; DeepSeek-V3's router owns its weight
+(`DeepseekV3TopkRouter`), no Linear, and is unaffected. The patcher gives each `DeepseekV2Moe` a forward that
+calls `self.gate` on the float32 hidden states (the same float32 product of the same weights), for the trace only.
 """
 
 from __future__ import annotations
@@ -35,21 +47,46 @@ def export_config(base: type) -> type:
     from optimum.exporters.openvino.model_patcher import OVDecoderModelPatcher, register_ov_batched_mm
 
     class DeepseekNativePatcher(OVDecoderModelPatcher):
-        """optimum-intel's decoder patcher, plus the routed experts on its trace-friendly "ov_batched_mm"."""
+        """optimum-intel's decoder patcher, plus the routed experts on its trace-friendly "ov_batched_mm" and
+        DeepSeek-V2's router through its gate module (above)."""
 
         def __enter__(self) -> "DeepseekNativePatcher":
             super().__enter__()
             self._experts_implementation = self._model.config._experts_implementation
             register_ov_batched_mm(self)  # also lets the model accept "ov_batched_mm" (an instance method)
+            self._routers = _route_through_gate(self._model)
             return self
 
         def __exit__(self, exc_type, exc_value, traceback) -> None:
             super().__exit__(exc_type, exc_value, traceback)
             self._model.set_experts_implementation(self._experts_implementation)
             self._model.__dict__.pop("get_correct_experts_implementation", None)
+            for moe in self._routers:
+                moe.__dict__.pop("forward", None)
 
     return type(base.__name__, (base,), {
         "__doc__": f"{base.__name__} for the native DeepseekV2/V3 classes of transformers 5.5.",
         "_MODEL_PATCHER": DeepseekNativePatcher,
         "MAX_TRANSFORMERS_VERSION": None,
     })
+
+
+def _route_through_gate(model) -> list:
+    """Give each `DeepseekV2Moe` of `model` a forward whose router logits call its gate `nn.Linear` (on float32
+    hidden states, as transformers computes them) instead of reading `gate.weight`; return the modules."""
+    import types
+
+    import torch
+
+    def forward(self, hidden_states):
+        residuals, shape = hidden_states, hidden_states.shape
+        gate_input = hidden_states.type(torch.float32).type(self.gate.weight.dtype)  # float32 while traced
+        router_logits = self.gate(gate_input).type(torch.float32)
+        topk_indices, topk_weights = self.route_tokens_to_experts(router_logits)
+        hidden_states = self.experts(hidden_states.view(-1, shape[-1]), topk_indices, topk_weights).view(*shape)
+        return hidden_states + self.shared_experts(residuals)
+
+    routers = [m for m in model.modules() if type(m).__name__ == "DeepseekV2Moe"]
+    for moe in routers:
+        moe.forward = types.MethodType(forward, moe)
+    return routers

@@ -10,10 +10,23 @@ the same graph with its 27 vector and scalar constants kept at float32 precision
 0.0012; optimum-intel's fp16 artifacts round the rotary frequencies the same way.
 
 `keep_vectors_exact(model)` rewrites each float32 constant with at most one dimension above 1 (a vector or a
-scalar, never a weight matrix or an embedding table) whose value fp16 does not hold exactly as the sum of two
-constants that it does hold closely: `hi` (the value rounded to fp16) plus `lo` (the remainder, about 2^-11
-of it), so that after `compress_to_fp16` their float32 sum is the original to about 2^-22. OpenVINO folds the
-sum at compile time. The weights are compressed as before; the added bytes are two fp16 copies of some vectors.
+scalar, never a weight matrix or an embedding table) whose value fp16 does not hold exactly as two constants
+that it does hold closely: `hi` (the value rounded to fp16) and `lo` (the remainder, about 2^-11 of it), combined
+as `hi - (-lo)` (`Subtract(hi, Negative(lo))`), so that after `compress_to_fp16` the float32 result is the
+original to about 2^-22. OpenVINO folds it at compile time. The weights are compressed as before; the added
+bytes are two fp16 copies of some vectors.
+
+Why `Subtract(hi, Negative(lo))` and not `Add(hi, lo)`: GenAI's NPU pipeline (NPUW) rewrites a sliding-window
+mask for its static cache (its `SlidingWindowMask` pass). Its pattern names the past length once for the mask's
+key range `Range(0, past + new)` and its query positions, OpenVINO's matcher keeps whichever value it bound last,
+and which one that is depends on details of the graph outside the mask: with the rotary frequencies as
+`Add(hi, lo)` (or `Subtract(hi, -lo)`) of two decompressed constants it kept the prompt's length for cohere2
+(8 layers, 3 sliding-window and 1 full alternating; hidden size 64 and Command R7B's widths alike), built an empty
+`[0, 1]` padding mask and failed at compile ("Argument shapes are inconsistent"); as `Subtract(hi, Negative(lo))`,
+as one float32 constant, or as one fp16 constant (optimum-intel's artifact) it runs, with PyTorch's tokens
+(`tests/test_precision.py::test_fp16_cohere2_runs_through_npuw`). Writing the key range's end as `new + past`
+instead made tiny cohere2, gemma2 and starcoder2 compile but gave gemma4_text wrong tokens through NPUW, so it is
+not done; gemma2 (6 layers) and starcoder2 still fail there, optimum-intel's starcoder2 artifact too.
 """
 
 from __future__ import annotations
@@ -26,7 +39,7 @@ _MAX_WIDE_DIMS = 1
 
 
 def keep_vectors_exact(model) -> int:
-    """Rewrite `model`'s float32 vectors and scalars that fp16 rounds into fp16-exact pairs (`hi + lo`), in
+    """Rewrite `model`'s float32 vectors and scalars that fp16 rounds into fp16-exact pairs (`hi - (-lo)`), in
     place, before it is saved with `compress_to_fp16`; return how many were rewritten."""
     import openvino as ov
     from openvino import opset13 as ops
@@ -46,7 +59,7 @@ def keep_vectors_exact(model) -> int:
         lo = value - hi
         if not np.any(lo):
             continue  # fp16 holds it exactly (an fp16 checkpoint's norm weights)
-        pair = ops.add(ops.constant(hi.reshape(shape)), ops.constant(lo.reshape(shape)))
+        pair = ops.subtract(ops.constant(hi.reshape(shape)), ops.negative(ops.constant(lo.reshape(shape))))
         pair.set_friendly_name(node.get_friendly_name())
         for target in list(node.output(0).get_target_inputs()):
             target.replace_source_output(pair.output(0))

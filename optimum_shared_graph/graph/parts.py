@@ -26,9 +26,13 @@ reads them, so a tied embedding and `lm_head` count in both.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 CUT_PREFIX = "cut."
+
+
+_LAYER = re.compile(r"^[^.]*\.(\d+)\.")  # a state's layer: past_key_values.<layer>.keypresent.<layer>.key
 
 
 def _key(node) -> int:
@@ -155,13 +159,19 @@ class _Graph:
         for op in self.ops:
             if op.get_type_name() == "ReadValue":
                 reads[op.get_variable_id()] = self.pos[_key(op)]
-        spans = []
+        spans: dict[str, tuple[int, int]] = {}
         for assign in self.assigns:
             value = self.producer_pos(assign.input(0).get_source_output())
             read = reads.get(assign.get_variable_id())
             if value is not None and read is not None:
-                spans.append((min(read, value), max(read, value)))
-        return spans
+                # one span for a layer's states (its key and its value): Gemma 4's first layers' keys and values
+                # are read again by the layers sharing them, and a cut between a layer's key and its value left a
+                # part whose input the CPU plugin sized from the empty initial state (ParameterMismatch)
+                layer = _LAYER.search(assign.get_variable_id())
+                name = layer.group(0) if layer else assign.get_variable_id()
+                lo, hi = spans.get(name, (min(read, value), max(read, value)))
+                spans[name] = (min(lo, read, value), max(hi, read, value))
+        return list(spans.values())
 
 
 def plan_parts(model, max_part_bytes: int) -> PartPlan:

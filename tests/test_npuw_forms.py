@@ -6,7 +6,8 @@ run tiny tied GPT-2 and GPT-NeoX-Japanese (the forms of gpt2/opt and gpt_neox_ja
 the CPU, in f16): without the edits NPUW refuses the two tied ones at load ("Key opset1::MatMul __module.lm_head/...
 is not found in a map"); with them, greedy decoding is judged against PyTorch. The tiny GPT-BigCode's tables are
 narrower than NPUW's host gather takes (2048), so its export test checks the edits are made and keep NPUW running;
-the failure they remove was measured at released width (docs/architectures.md).
+the failure they remove was measured at released width (docs/architectures.md). Tiny bloom (ALiBi) has no `position_ids`
+input, and NPUW fails at its first `generate()` ("unordered_map::at") without the one the edit declares.
 """
 
 from __future__ import annotations
@@ -17,8 +18,8 @@ import pytest
 from conftest import NPU_PRECISION, PROMPTS, judged_greedy, pytorch_reference, run_cli_in_process
 from openvino import opset13 as ops
 
-from optimum_shared_graph.graph.npuw_forms import (drop_identity_reshapes, fold_weight_shapes, gather_positions_on_device,
-                                                   npuw_forms, slice_split_kv)
+from optimum_shared_graph.graph.npuw_forms import (declare_position_ids, drop_identity_reshapes, fold_weight_shapes,
+                                                   gather_positions_on_device, npuw_forms, slice_split_kv)
 
 NPUW = {"NPU_USE_NPUW": "YES", "NPUW_DEVICES": "CPU", "MAX_PROMPT_LEN": 64, "MIN_RESPONSE_LEN": 64}
 VOCAB, HIDDEN = 16, 8
@@ -166,8 +167,39 @@ def test_split_not_feeding_a_state_is_kept():
     assert slice_split_kv(model) == 0 and len(_ops(model, "Split")) == 1
 
 
+@pytest.mark.parametrize("form", ["mask_positions", "rotary", "shape_positions"])
+def test_position_ids_declared_only_where_positions_come_from_the_mask(form):
+    """Declared where the graph counts positions along the mask (bloom's ALiBi); not where a rotary embedding is
+    (NPUW declares its own), nor where positions come from a shape (a seq2seq decoder's past length)."""
+    ids = ops.parameter([-1, -1], np.int64, name="input_ids")
+    mask = ops.parameter([-1, -1], np.int64, name="attention_mask")
+    table = _table()
+    embedded = ops.gather(table, ops.convert(ids, np.int32), ops.constant(np.int32(0)))
+    if form == "mask_positions":
+        positions = ops.cumsum(ops.convert(mask, np.float32), ops.constant(np.int64(1)))
+    elif form == "rotary":
+        positions = ops.cos(ops.convert(mask, np.float32))
+    else:
+        positions = ops.convert(ops.gather(ops.shape_of(mask), ops.constant(np.int64(1)), ops.constant(np.int64(0))),
+                                np.float32)
+    scaled = ops.multiply(embedded, ops.unsqueeze(positions, ops.constant(np.int64(-1))))
+    model = ov.Model([ops.result(ops.matmul(scaled, table, False, True))], [ids, mask], "positions")
+    feeds = {"input_ids": np.array([[1, 5, 7]], np.int64), "attention_mask": np.array([[1, 1, 1]], np.int64)}
+    before = _run(model, feeds)
+
+    declared = form == "mask_positions"
+    assert declare_position_ids(model) == int(declared)
+    names = [port.get_any_name() for port in model.inputs]
+    assert names == ["input_ids", "attention_mask"] + (["position_ids"] if declared else [])
+    if declared:  # read by nothing: any values give the same logits
+        assert model.input("position_ids").get_element_type() == ov.Type.i64
+        for positions in (np.array([[0, 1, 2]]), np.array([[7, 3, 9]])):
+            np.testing.assert_array_equal(_run(model, dict(feeds, position_ids=positions)), before)
+    assert declare_position_ids(model) == 0  # never a second one
+
+
 @pytest.mark.parametrize("model_type, edit", [("gpt2", "identity_reshapes"), ("gpt_neox_japanese", "weight_shapes"),
-                                              ("gpt_bigcode", "split_kv")])
+                                              ("gpt_bigcode", "split_kv"), ("bloom", "position_ids")])
 def test_export_runs_through_npuw(model_type, edit, tiny_model, tmp_path):
     """The raw graph optimum-intel writes has the form (so the edit is what makes NPUW load ours); the artifact
     has it no longer, and NPUW's greedy decoding of it is judged against PyTorch's logits."""

@@ -26,6 +26,18 @@ first one's host-gather input is left undeclared ("Model references undeclared p
   `input_ids`' reads its ids through `Reshape(ids, [-1, 0], special_zero=True)` (the identity on the rank-2 ids,
   GPT-2's own `view(-1, seq)` form), which `HostGather` does not match: that table is gathered in the graph.
 
+NPUW's decoding feeds `position_ids` on every call (its infer request looks the input up in a map) and declares that
+input itself only where it finds a rotary embedding to take positions from (`AddPositionIdsParam`): a graph with
+neither fails at the first `generate()` with "unordered_map::at". NPUW runs the graph on a static cache, its slots
+not the tokens' positions, so a graph that takes positions from shapes or slot indices computes wrong ones there
+(measured: the causal LM of bart with the input declared decodes wrongly from its second token, mpt too); a graph
+that takes them from the mask's running count computes the right ones:
+
+- `declare_position_ids`: a graph without a `position_ids` input and without a rotary embedding (`Sin`, `Cos`) whose
+  positions are a `CumSum` of `attention_mask` (bloom's ALiBi) gets a `position_ids` input ([batch, seq] int64, as
+  optimum-intel's other graphs have) that nothing in it reads, so its values change no output; OVModelForCausalLM,
+  GenAI and `runtime()` compute and feed it as for any graph that has one.
+
 GPT-BigCode's multi-query attention takes the new key and value as outputs 1 and 2 of the fused projection's
 `VariadicSplit`; once NPUW makes the new key and value outputs of its decode model (`RedirectNewKvToOutput`), its
 partitioning leaves a parameter undeclared ("... f16[1,1,1,128]"):
@@ -190,7 +202,37 @@ def slice_split_kv(ov_model) -> int:
     return len(done)
 
 
+POSITIONS = "position_ids"
+
+
+def _reads_mask(op) -> bool:
+    """Whether `op`'s first input is the `attention_mask` input (through a `Convert` or not)."""
+    node = op.input_value(0).get_node()
+    if node.get_type_name() == "Convert":
+        node = node.input_value(0).get_node()
+    return node.get_type_name() == "Parameter" and node.get_friendly_name() == "attention_mask"
+
+
+def declare_position_ids(ov_model) -> int:
+    """Add a `position_ids` input nothing reads to a graph with neither that input nor a rotary embedding (`Sin` or
+    `Cos`) whose positions are a `CumSum` of `attention_mask`; return 1 if added, else 0."""
+    from openvino import opset13 as ops
+
+    if any(POSITIONS in port.get_names() for port in ov_model.inputs):
+        return 0
+    ops_ = ov_model.get_ops()
+    if any(op.get_type_name() in ("Sin", "Cos") for op in ops_):
+        return 0
+    if not any(op.get_type_name() == "CumSum" and _reads_mask(op) for op in ops_):
+        return 0
+    positions = ops.parameter([-1, -1], np.int64, name=POSITIONS)
+    positions.output(0).set_names({POSITIONS})
+    ov_model.add_parameters([positions])
+    return 1
+
+
 def npuw_forms(ov_model) -> dict[str, int]:
     """Every edit, in place; how many places each changed."""
     return {"identity_reshapes": drop_identity_reshapes(ov_model), "weight_shapes": fold_weight_shapes(ov_model),
-            "positions_on_device": gather_positions_on_device(ov_model), "split_kv": slice_split_kv(ov_model)}
+            "positions_on_device": gather_positions_on_device(ov_model), "split_kv": slice_split_kv(ov_model),
+            "position_ids": declare_position_ids(ov_model)}

@@ -34,7 +34,7 @@ not the tokens' positions, so a graph that takes positions from shapes or slot i
 that takes them from the mask's running count computes the right ones:
 
 - `declare_position_ids`: a graph without a `position_ids` input and without a rotary embedding (`Sin`, `Cos`) whose
-  positions are a `CumSum` of `attention_mask` (bloom's ALiBi) gets a `position_ids` input ([batch, seq] int64, as
+  positions are a `CumSum` computed from `attention_mask` (bloom's ALiBi; mpt's with `architectures/mpt.py`) gets a `position_ids` input ([batch, seq] int64, as
   optimum-intel's other graphs have) that nothing in it reads, so its values change no output; OVModelForCausalLM,
   GenAI and `runtime()` compute and feed it as for any graph that has one.
 
@@ -206,16 +206,25 @@ POSITIONS = "position_ids"
 
 
 def _reads_mask(op) -> bool:
-    """Whether `op`'s first input is the `attention_mask` input (through a `Convert` or not)."""
-    node = op.input_value(0).get_node()
-    if node.get_type_name() == "Convert":
-        node = node.input_value(0).get_node()
-    return node.get_type_name() == "Parameter" and node.get_friendly_name() == "attention_mask"
+    """Whether `op` computes from the `attention_mask` input (through any operations)."""
+    seen, stack = set(), [op]
+    while stack:
+        node = stack.pop()
+        if node.get_type_name() == "Parameter":
+            if node.get_friendly_name() == "attention_mask":
+                return True
+            continue
+        for value in node.input_values():
+            source = value.get_node()
+            if id(source) not in seen:
+                seen.add(id(source))
+                stack.append(source)
+    return False
 
 
 def declare_position_ids(ov_model) -> int:
     """Add a `position_ids` input nothing reads to a graph with neither that input nor a rotary embedding (`Sin` or
-    `Cos`) whose positions are a `CumSum` of `attention_mask`; return 1 if added, else 0."""
+    `Cos`) whose positions are a `CumSum` computed from `attention_mask`; return 1 if added, else 0."""
     from openvino import opset13 as ops
 
     if any(POSITIONS in port.get_names() for port in ov_model.inputs):

@@ -262,6 +262,8 @@ def npu_verdict(refs: list, ours, our_error: str | None, theirs=None, their_erro
     if our_error:
         if their_error == our_error:
             return f"NPUW runs neither artifact (optimum-intel's fails the same way): {our_error}"
+        if their_error:
+            return f"NPUW runs neither artifact (optimum-intel's fails otherwise: {their_error}): {our_error}"
         return f"failed: {our_error}" + (f" (optimum-intel's artifact: {their_problem or 'parity'})")
     if their_error:
         return f"{RUNS_ALONE} ({their_error}): {problem}"
@@ -678,6 +680,11 @@ NPUW_CAUSES = [
      "NPUW's decoding feeds a `position_ids` input (looked up in a map), which this decoder has not: it computes positions "
      "from the past length, which NPUW's static cache makes the cache's capacity (measured on bart's: with an unused "
      "`position_ids` declared NPUW runs it and decodes wrongly from the second token), so no input-only form fixes it"),
+    (("gpt_neo",), "Argument shapes are inconsistent",
+     "GPT-Neo's local-attention mask, sliced from its [positions, positions] buffer at key length - query length, is "
+     "empty in NPUW's static prefill (the `Select` of layer 1's attention mask is [1, 1, 0, 2048] where the mask it "
+     "meets is [1, 1, 64, 64]); optimum-intel's artifact fails earlier (its position table and the token table both "
+     "gathered on the host), which this package's artifact avoids (`graph/npuw_forms.py`)"),
     (("granitemoe", "granitemoehybrid"), "to_shape was called on a dynamic shape",
      "optimum-intel's GraniteMoE experts slice each expert's tokens by counts the router computes at run time "
      "(`Slice` with data-dependent bounds in `block_sparse_moe`): shapes NPUW's static reshape cannot make static"),

@@ -180,6 +180,8 @@ def test_npu_verdict_judges_ours_against_optimum_intels_artifact():
     assert cov.npu_verdict(refs, wrong, None, right, None).startswith("differs from optimum-intel's artifact")
     assert cov.npu_verdict(refs, None, "RuntimeError: x", None, "RuntimeError: x").startswith("NPUW runs neither")
     assert cov.npu_verdict(refs, None, "RuntimeError: x", right, None) == "failed: RuntimeError: x (optimum-intel's artifact: parity)"
+    assert cov.npu_verdict(refs, None, "RuntimeError: x", None, "RuntimeError: z") == (
+        "NPUW runs neither artifact (optimum-intel's fails otherwise: RuntimeError: z): RuntimeError: x")
     assert cov.npu_verdict(refs, wrong, None, theirs_exported=False).startswith(cov.NO_COMPARISON)
     # ours runs where optimum-intel's does not: its own category, never "worse than optimum-intel's"
     alone = cov.npu_verdict(refs, wrong, None, None, "RuntimeError: y")

@@ -750,7 +750,7 @@ def _npu_summary(cells: list[str], *, real_width: bool, not_measured: int = 0) -
             f"optimum-intel's artifact not at all), {runs_alone} that NPUW runs with a difference where it runs "
             f"optimum-intel's artifact not at all, {same} with "
             f"a difference optimum-intel's own artifact shares token for token, {neither} that NPUW runs for "
-            f"neither artifact (the same error; the cell names its cause), {alone} without parity that optimum-intel cannot export here "
+            f"neither artifact (the cell names the cause where it was measured), {alone} without parity that optimum-intel cannot export here "
             f"(nothing to compare), {len(cells) - parity - runs_alone - same - neither - alone - refused} worse than optimum-intel's artifact"
             + (f", {refused} whose export this package refused at real width (its validation against PyTorch)" if refused else "")
             + ".")

@@ -22,8 +22,9 @@ NPUW gathers one embedding table on the host (`HostGather`, a table at least 204
 with a second such table, the learned position embedding of GPT-BigCode and GPT-Neo gathered by `position_ids`, the
 first one's host-gather input is left undeclared ("Model references undeclared parameters: ... f16[1,1,2048]"):
 
-- `gather_positions_on_device`: where more than one weight table is gathered by a model input, every table but
-  `input_ids`' reads its ids through `Reshape(ids, [-1, 0], special_zero=True)` (the identity on the rank-2 ids,
+- `gather_positions_on_device`: where more than one weight table of rows at least 2048 wide (what `HostGather`
+  takes) is gathered by a model input, every such table but `input_ids`' reads its ids through
+  `Reshape(ids, [-1, 0], special_zero=True)` (the identity on the rank-2 ids,
   GPT-2's own `view(-1, seq)` form), which `HostGather` does not match: that table is gathered in the graph.
 
 NPUW's decoding feeds `position_ids` on every call (its infer request looks the input up in a map) and declares that
@@ -108,8 +109,8 @@ def fold_weight_shapes(ov_model) -> int:
     return folded
 
 
-def _table_gathers(ov_model) -> list[tuple[object, object]]:
-    """(the ids' input port, the model input) of every `Gather` of a weight table by a model input, read directly
+def _table_gathers(ov_model) -> list[tuple[object, object, object]]:
+    """(the ids' input port, the model input, the `Gather`) of every `Gather` of a weight table by a model input, read directly
     or through a `Convert`."""
     found = []
     for op in ov_model.get_ordered_ops():
@@ -121,16 +122,27 @@ def _table_gathers(ov_model) -> list[tuple[object, object]]:
             port = node.input(0)
             node = port.get_source_output().get_node()
         if node.get_type_name() == "Parameter":
-            found.append((port, node))
+            found.append((port, node, op))
     return found
 
 
+# NPUW's HostGather takes a table whose rows are at least this wide (partitioning/patterns/opt.cpp)
+HOST_GATHER_WIDTH = 2048
+
+
+def _row_width(gather) -> int:
+    """The width of the rows `gather` reads (its table's last axis), 0 where unknown."""
+    shape = gather.input_value(0).get_partial_shape()
+    return shape[-1].get_length() if shape.rank.is_static and shape[-1].is_static else 0
+
+
 def gather_positions_on_device(ov_model) -> int:
-    """Where several weight tables are gathered by model inputs, read every one's ids but `input_ids`' through an
-    identity `Reshape(ids, [-1, 0], special_zero=True)`; return how many."""
+    """Where several weight tables of rows at least `HOST_GATHER_WIDTH` wide are gathered by model inputs, read every
+    such one's ids but `input_ids`' through an identity `Reshape(ids, [-1, 0], special_zero=True)`; return how many."""
     from openvino import opset13 as ops
 
-    gathers = _table_gathers(ov_model)
+    gathers = [(port, parameter) for port, parameter, gather in _table_gathers(ov_model)
+               if _row_width(gather) >= HOST_GATHER_WIDTH]
     if len({id(parameter) for _, parameter in gathers}) < 2:
         return 0
     moved = 0

@@ -29,7 +29,7 @@ results into a JSON file (the types run replace their rows, so it can be filled 
     PYTHONPATH=. python scripts/coverage.py --npu-only --jobs 2 --npu-results docs/npu-real-width.json --types qwen3 llama
     PYTHONPATH=. python scripts/coverage.py --npu-results docs/npu-real-width.json
     PYTHONPATH=. python scripts/coverage.py --render-only results.json --npu-results docs/npu-real-width.json
-    PYTHONPATH=. python scripts/coverage.py --update-npu --npu-results docs/npu-real-width.json   # NPU cells only
+    PYTHONPATH=. python scripts/coverage.py --splice-npu --npu-results docs/npu-real-width.json   # NPU cells only
 
 The vision-language section (`--task image-text-to-text-shared`, every type `pipeline.vlm.supported_vlm_types()`
 returns, `--types` to choose): `--vlm` builds each tiny checkpoint with its processor, exports it, runs `validate`
@@ -70,7 +70,7 @@ PROMPTS = ["hello", "The quick brown fox jumps over the lazy dog"]
 EXACT = {"KV_CACHE_PRECISION": "f32", "INFERENCE_PRECISION_HINT": "f32"}
 # GenAI's NPU pipeline (NPUW) with its partitions run on the CPU: the code path an NPU takes, runnable anywhere.
 NO_COMPARISON = "no optimum-intel artifact to compare (its export fails here)"
-THEIRS_FAIL = "optimum-intel's artifact fails:"  # in a cell where NPUW runs this package's artifact and not theirs
+RUNS_ALONE = "runs where optimum-intel's artifact fails"  # a cell where NPUW runs ours, with a difference, and not theirs
 NPUW = {**NPU_ON_CPU, "MAX_PROMPT_LEN": 64, "MIN_RESPONSE_LEN": 64}  # f16 compute, as an NPU
 
 # GenAI's cell when only its default PagedAttention rewrite differs: the graph as exported, run by GenAI's SDPA
@@ -273,9 +273,11 @@ def npu_verdict(refs: list, ours, our_error: str | None, theirs=None, their_erro
     if our_error:
         if their_error == our_error:
             return f"NPUW runs neither artifact (optimum-intel's fails the same way): {our_error}"
+        if their_error:
+            return f"NPUW runs neither artifact (optimum-intel's fails otherwise: {their_error}): {our_error}"
         return f"failed: {our_error}" + (f" (optimum-intel's artifact: {their_problem or 'parity'})")
     if their_error:
-        return f"{problem} ({THEIRS_FAIL} {their_error})"
+        return f"{RUNS_ALONE} ({their_error}): {problem}"
     if theirs == ours:
         return f"as optimum-intel's artifact, token for token (NPUW's f16): {problem}"
     return f"differs from optimum-intel's artifact: {problem}"
@@ -905,6 +907,36 @@ def vlm_section_of(page: str) -> list[str]:
     return (page[start:end] if end >= 0 else page[start:].rstrip("\n") + "\n").split("\n")
 
 
+# Why NPUW runs neither artifact, measured (graph edits on the exported IR, NPUW's options, its source): per model types
+# and a piece of the error, the cause a "neither" cell names. graph/npuw_forms.py and architectures/mpt.py remove the
+# causes a graph form avoids; these are the ones left.
+_SEQ2SEQ = ("bart", "bigbird_pegasus", "blenderbot", "blenderbot-small", "marian", "mbart", "pegasus")
+NPUW_CAUSES = [
+    (_SEQ2SEQ, "unordered_map::at",
+     "NPUW's decoding feeds a `position_ids` input (looked up in a map), which this decoder has not: it computes positions "
+     "from the past length, which NPUW's static cache makes the cache's capacity (measured on bart's: with an unused "
+     "`position_ids` declared NPUW runs it and decodes wrongly from the second token), so no input-only form fixes it"),
+    (("gpt_neo",), "Argument shapes are inconsistent",
+     "GPT-Neo's local-attention mask, sliced from its [positions, positions] buffer at key length - query length, is "
+     "empty in NPUW's static prefill (the `Select` of layer 1's attention mask is [1, 1, 0, 2048] where the mask it "
+     "meets is [1, 1, 64, 64]); optimum-intel's artifact fails earlier (its position table and the token table both "
+     "gathered on the host), which this package's artifact avoids (`graph/npuw_forms.py`)"),
+    (("granitemoe", "granitemoehybrid"), "to_shape was called on a dynamic shape",
+     "optimum-intel's GraniteMoE experts slice each expert's tokens by counts the router computes at run time "
+     "(`Slice` with data-dependent bounds in `block_sparse_moe`): shapes NPUW's static reshape cannot make static"),
+]
+
+
+def npu_cause(model_type: str, cell: str) -> str:
+    """`cell` with the measured cause appended when it says NPUW runs neither artifact for a known reason."""
+    if not cell.startswith("NPUW runs neither"):
+        return cell
+    for types, error, cause in NPUW_CAUSES:
+        if model_type in types and error in cell:
+            return f"{cell}; cause: {cause}"
+    return cell
+
+
 def apply_npu_results(results: list[dict], npu_results: dict) -> list[dict]:
     """`results` with each exported row's NPU cell taken from the real-width results (`--npu-results`): its
     verdict there, else `NOT_AT_REAL_WIDTH` (with the tiny model's cell, if the sweep ran one, after it)."""
@@ -915,7 +947,7 @@ def apply_npu_results(results: list[dict], npu_results: dict) -> list[dict]:
         if r.get("status") in (PASS, PARTIAL):
             tiny = r.get("npu") or ""
             if r["model_type"] in real and not _is_multimodal(r):
-                r["npu"] = real[r["model_type"]].get("npu") or "no result"
+                r["npu"] = npu_cause(r["model_type"], real[r["model_type"]].get("npu") or "no result")
                 r["npu_real_width"] = True
             elif _is_multimodal(r) and r.get("exported_model_type") in real:
                 # what the export writes for a multimodal checkpoint is its language model's graph
@@ -945,18 +977,17 @@ def _npu_summary(cells: list[str], *, real_width: bool, not_measured: int = 0) -
     same = sum(n.startswith("as optimum-intel's") for n in cells)
     neither = sum(n.startswith("NPUW runs neither") for n in cells)
     alone = sum(n.startswith(NO_COMPARISON) for n in cells)
+    runs_alone = sum(n.startswith(RUNS_ALONE) for n in cells)
     parity = sum(n.startswith("parity") for n in cells)
-    theirs_fail = sum(THEIRS_FAIL in n and not n.startswith("parity") for n in cells)
+    parity_alone = sum(n.startswith("parity (optimum-intel's artifact: RuntimeError") for n in cells)
     which = (f"at released width, of the {len(cells)} exported types measured there" if real_width
              else f"of the {len(cells)} exported types")
-    worse = len(cells) - parity - same - neither - alone - refused - theirs_fail
-    text = (f"NPU pipeline (NPUW on the CPU), {which}: {parity} with parity, {same} with "
+    text = (f"NPU pipeline (NPUW on the CPU), {which}: {parity} with parity ({parity_alone} of them where NPUW runs "
+            f"optimum-intel's artifact not at all), {runs_alone} that NPUW runs with a difference where it runs "
+            f"optimum-intel's artifact not at all, {same} with "
             f"a difference optimum-intel's own artifact shares token for token, {neither} that NPUW runs for "
-            f"neither artifact (the same error), {alone} without parity that optimum-intel cannot export here "
-            f"(nothing to compare), "
-            + (f"{theirs_fail} that NPUW runs, with a difference from PyTorch, where it fails on optimum-intel's "
-               "artifact, " if theirs_fail else "")
-            + f"{worse} worse than optimum-intel's artifact"
+            f"neither artifact (the cell names the cause where it was measured), {alone} without parity that optimum-intel cannot export here "
+            f"(nothing to compare), {len(cells) - parity - runs_alone - same - neither - alone - refused} worse than optimum-intel's artifact"
             + (f", {refused} whose export this package refused at real width (its validation against PyTorch)" if refused else "")
             + ".")
     if not_measured:
@@ -974,53 +1005,7 @@ def _verdict_label(npu: str | None) -> str:
     return npu
 
 
-def _precision_note(rows: list[dict]) -> list[str]:
-    """Which rows NPUW computed in f16 (`INFERENCE_PRECISION_HINT`, recorded per row since it was added) and which
-    at the host CPU's default precision (earlier runs)."""
-    hinted = sorted(r["model_type"] for r in rows if (r.get("npuw") or {}).get("INFERENCE_PRECISION_HINT"))
-    measured = [r for r in rows if r.get("widths")]
-    if not hinted or len(hinted) == len(measured):
-        return []
-    return [f"Measured with `INFERENCE_PRECISION_HINT='f16'` (what an NPU computes in): {', '.join(hinted)}. The "
-            "other rows come from runs before the hint was added, at the host CPU's default inference precision "
-            "(bf16 on this machine's CPU)."]
-
-
-NPU_TABLE_HEADER = "| model type | status | export | OVModelForCausalLM | GenAI | static | NPU pipeline | reason / note |"
 NPU_SECTION_HEADING = "## NPU pipeline at real width"
-
-
-def update_npu_column(page: str, npu_results: dict, *, source: str) -> str:
-    """`page` (docs/architectures.md) with its NPU column, its NPU summary line and its real-width section
-    rendered again from `npu_results`, every other cell kept: for a rerun of some real-width rows without
-    the tiny models' sweep. The multimodal section's rows are kept as they are."""
-    real = {r["model_type"]: r for r in npu_results.get("results", [])}
-    lines = page.split("\n")
-    start = lines.index(NPU_TABLE_HEADER)
-    cells_of_exported, exported = [], 0
-    for i in range(start + 2, len(lines)):
-        if not lines[i].startswith("| "):
-            break
-        cells = re.split(r"(?<!\\)\|", lines[i])  # ['', type, status, export, ovmodel, genai, static, npu, note, '']
-        model_type, status = cells[1].strip(), cells[2].strip()
-        if status not in (PASS, PARTIAL):
-            continue
-        exported += 1
-        if model_type in real:
-            npu = real[model_type].get("npu") or "no result"
-            cells[7] = f" {_cell(npu)} "
-            lines[i] = "|".join(cells)
-            cells_of_exported.append(npu)
-        elif not cells[7].strip().startswith(NOT_AT_REAL_WIDTH):
-            cells_of_exported.append(cells[7].strip())
-    for i, line in enumerate(lines):
-        if line.startswith("NPU pipeline (NPUW on the CPU), at released width"):
-            lines[i] = _npu_summary(cells_of_exported, real_width=True, not_measured=exported - len(cells_of_exported))
-    text = "\n".join(lines)
-    at = text.find(NPU_SECTION_HEADING)
-    end = text.find("\n## ", at + len(NPU_SECTION_HEADING))
-    section = "\n".join(render_npu_real_width(npu_results, source=source)[:-1])
-    return text[:at] + section + ("\n" + text[end + 1:] if end >= 0 else "\n")
 
 
 def render_npu_real_width(npu_results: dict, *, source: str) -> list[str]:
@@ -1030,6 +1015,8 @@ def render_npu_real_width(npu_results: dict, *, source: str) -> list[str]:
         return []
     v = npu_results.get("versions") or {}
     total = sum((r.get("seconds") or {}).get("total", 0) for r in rows)
+    without = [r["model_type"] for r in rows
+               if "INFERENCE_PRECISION_HINT" not in (r.get("npuw") or {}) and "widths" in r]
     lines = [
         NPU_SECTION_HEADING, "",
         "The NPU column above comes from these runs, not from the tiny models: NPUW partitions a model by size and by",
@@ -1043,8 +1030,9 @@ def render_npu_real_width(npu_results: dict, *, source: str) -> list[str]:
         "its export validation included) and optimum-intel's `text-generation-with-past`; both run the greedy check",
         f"({npu_results.get('new_tokens', NEW_TOKENS)} tokens on {len(npu_results.get('prompts') or PROMPTS)} prompts against "
         "PyTorch in f32 on the same fp16 weights) through",
-        f"`LLMPipeline(path, \"NPU\", {', '.join(f'{k}={v!r}' for k, v in (npu_results.get('npuw') or NPUW).items())})`.",
-        *_precision_note(rows),
+        f"`LLMPipeline(path, \"NPU\", {', '.join(f'{k}={v!r}' for k, v in (npu_results.get('npuw') or NPUW).items())})`"
+        + (f" (the rows of {', '.join(without)} were run without `INFERENCE_PRECISION_HINT`, so NPUW's partitions computed at "
+           "this CPU's default precision, bf16, not an NPU's f16)." if without else "."),
         "",
         f"Results: `{source}`, written by `PYTHONPATH=. python scripts/coverage.py --npu-only --jobs 2 --npu-results {source}` on "
         f"{npu_results.get('machine', '?')}; transformers {v.get('transformers')}, optimum-intel {v.get('optimum-intel')}, "
@@ -1161,6 +1149,54 @@ def render(results: list[dict], *, seconds: float, versions: dict, python: str,
         lines += _comparison(results, compare)
     lines.append("")
     return "\n".join(lines)
+
+
+_PIPE = re.compile(r"(?<!\\)\|")
+
+
+def _cells(line: str) -> list[str]:
+    """The cells of a rendered table row (escaped pipes kept inside their cell)."""
+    return [c.strip() for c in _PIPE.split(line.strip())[1:-1]]
+
+
+def splice_npu(page: str, npu_results: dict, *, source: str) -> str:
+    """`page` (an earlier sweep's docs/architectures.md) with the NPU cells of the model types in `npu_results`, the NPU
+    summary and the real-width section rendered from `npu_results`; every other cell kept as that sweep wrote it."""
+    lines = page.split("\n")
+    real = {r["model_type"] for r in npu_results.get("results", [])}
+    main_npu: list[tuple[str, str]] = []  # (status, NPU cell) of the main table's rows
+    table = None
+    for i, line in enumerate(lines):
+        if line.startswith("| model type | status |"):
+            table, header = "main", _cells(line)
+            continue
+        if line.startswith("| model type | exported as |"):
+            table, header = "multimodal", _cells(line)
+            continue
+        if not line.startswith("| ") or table is None or line.startswith("|---"):
+            if not line.startswith("|"):
+                table = None
+            continue
+        cells = _cells(line)
+        row = dict(zip(header, cells))
+        r = {"model_type": row["model type"], "status": row["status"], "npu": row["NPU pipeline"],
+             "exported_model_type": row.get("exported as")}
+        if r["model_type"] in real or (table == "multimodal" and r["exported_model_type"] in real):
+            r["npu"] = apply_npu_results([r], npu_results)[0]["npu"]
+            cells[header.index("NPU pipeline")] = _cell(r["npu"])
+            lines[i] = "| " + " | ".join(cells) + " |"
+        if table == "main" and r["status"] in (PASS, PARTIAL):
+            main_npu.append(r["npu"].replace("\\|", "|"))
+    measured = [n for n in main_npu if not n.startswith(NOT_AT_REAL_WIDTH)]
+    summary = _npu_summary(measured, real_width=True, not_measured=len(main_npu) - len(measured))
+    lines = [summary if line.startswith("NPU pipeline (NPUW on the CPU), at released width") else line for line in lines]
+    text = "\n".join(lines)
+    start = text.find("## NPU pipeline at real width")
+    if start >= 0:
+        end = text.find("\n## ", start + 1)
+        section = "\n".join(render_npu_real_width(npu_results, source=source)[:-1])
+        text = text[:start] + section + ("\n" + text[end:] if end >= 0 else "\n")
+    return text
 
 
 def _pinned_transformers() -> str | None:
@@ -1317,9 +1353,9 @@ def main(argv: list[str] | None = None) -> int:
                              "--render-only FILE, re-render the section from FILE without running")
     parser.add_argument("--vlm-results", default=str(ROOT / "docs" / "vlm-coverage.json"),
                         help="with --vlm: the results JSON (types run replace their rows)")
-    parser.add_argument("--update-npu", action="store_true",
-                        help="with --npu-results: render the NPU column, its summary and the real-width section of the "
-                             "page at --output again from that file, keeping the page's other cells (no sweep)")
+    parser.add_argument("--splice-npu", action="store_true",
+                        help="re-render only the NPU cells, the NPU summary and the real-width section of --output from "
+                             "--npu-results, keeping every other cell of the page as its sweep wrote it")
     parser.add_argument("--one", help=argparse.SUPPRESS)
     parser.add_argument("--workdir", help=argparse.SUPPRESS)
     parser.add_argument("--result", help=argparse.SUPPRESS)
@@ -1344,13 +1380,13 @@ def main(argv: list[str] | None = None) -> int:
         return _vlm_sweep(args)
     if args.npu_only:
         return _npu_sweep(args)
-    if args.update_npu:
+    if args.splice_npu:
         if not args.npu_results:
-            raise SystemExit("--update-npu needs --npu-results FILE")
+            raise SystemExit("--splice-npu needs --npu-results FILE")
         page = Path(args.output).read_text()
-        Path(args.output).write_text(update_npu_column(page, read_npu_results(args.npu_results),
-                                                       source=_repo_relative(args.npu_results)))
-        print(f"NPU column of {args.output} rendered from {args.npu_results}")
+        Path(args.output).write_text(splice_npu(page, read_npu_results(args.npu_results),
+                                                source=_repo_relative(args.npu_results)))
+        print(f"NPU cells of {args.output} re-rendered from {args.npu_results}")
         return 0
     npu_results = read_npu_results(args.npu_results) if args.npu_results else None
 

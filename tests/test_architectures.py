@@ -25,7 +25,7 @@ from optimum_shared_graph.testing import NPU_ON_CPU
 
 # The model types this package repairs under transformers 5.5 (optimum-intel's own configs fail there).
 REPAIRED = ["bigbird_pegasus", "blenderbot", "dbrx", "deepseek_v2", "deepseek_v3", "falcon_mamba", "gemma4_text",
-            "lfm2", "lfm2_moe", "mamba", "marian", "mbart", "pegasus", "qwen3_5_moe_text", "qwen3_5_text",
+            "lfm2", "lfm2_moe", "mamba", "marian", "mbart", "mpt", "pegasus", "qwen3_5_moe_text", "qwen3_5_text",
             "qwen3_next", "zamba2"]
 
 # The decoder-only (`*ForCausalLM`) form of the sequence-to-sequence families optimum-intel registers for
@@ -43,11 +43,12 @@ SEQ2SEQ_WITHOUT_FIX = ["bart", "blenderbot-small"]
 # that only where OpenVINO's PositionIDsReplacer recognises the embedding sum (token Gather + position Gather of
 # positions + a constant offset). architectures/seq2seq_positions.py gives five decoders that form; blenderbot-small's
 # decoder normalises the scaled token embedding before the sum, so its graph has parity through GenAI's SDPA backend
-# only, which is what is checked for it (the coverage table's "parity with ATTENTION_BACKEND=SDPA" cell, as for mpt).
-GENAI_SDPA_ONLY = {"blenderbot-small"}
+# only, which is what is checked for it (the coverage table's "parity with ATTENTION_BACKEND=SDPA" cell); so has mpt's
+# (its ALiBi bias, with or without architectures/mpt.py, differs through the paged rewrite).
+GENAI_SDPA_ONLY = {"blenderbot-small", "mpt"}
 
 # With a pure KV cache, so a static export too; the others carry convolution / SSM / linear-attention state.
-KV_CACHE_ONLY = {"dbrx", "deepseek_v2", "deepseek_v3", "gemma4_text", *SEQ2SEQ_DECODERS}
+KV_CACHE_ONLY = {"dbrx", "deepseek_v2", "deepseek_v3", "gemma4_text", "mpt", *SEQ2SEQ_DECODERS}
 
 # optimum-intel's OVModelForCausalLM feeds these mamba-style graphs only the new tokens' attention mask after the
 # prompt (runtimes/session.py), so a left-padded row's attention layers cannot tell its padding from its past:
@@ -65,7 +66,7 @@ DEFAULT_RUN = {"deepseek_v2", "qwen3_next"}
 # judges such a consumer, a differing pick allowed only at a near-tie, and a broken decode fails. The
 # Qwen3.5 graphs need two export-time changes for it: no unused position_ids input (architectures/qwen3_5.py) and
 # no past length read from a value state (graph/kv_shapes.py). docs/architectures.md has every type's NPU column.
-NPU_PARITY = {"deepseek_v2", "deepseek_v3", "gemma4_text", "qwen3_5_moe_text", "qwen3_5_text", "qwen3_next"}
+NPU_PARITY = {"deepseek_v2", "deepseek_v3", "gemma4_text", "mpt", "qwen3_5_moe_text", "qwen3_5_text", "qwen3_next"}
 NPUW = {**NPU_ON_CPU, "MAX_PROMPT_LEN": 64, "MIN_RESPONSE_LEN": 64}
 
 NEW_TOKENS = 12

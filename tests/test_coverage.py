@@ -239,13 +239,48 @@ def test_npu_verdict_judges_ours_against_optimum_intels_artifact():
     assert cov.npu_verdict(refs, wrong, None, right, None).startswith("differs from optimum-intel's artifact")
     assert cov.npu_verdict(refs, None, "RuntimeError: x", None, "RuntimeError: x").startswith("NPUW runs neither")
     assert cov.npu_verdict(refs, None, "RuntimeError: x", right, None) == "failed: RuntimeError: x (optimum-intel's artifact: parity)"
+    assert cov.npu_verdict(refs, None, "RuntimeError: x", None, "RuntimeError: z") == (
+        "NPUW runs neither artifact (optimum-intel's fails otherwise: RuntimeError: z): RuntimeError: x")
     assert cov.npu_verdict(refs, wrong, None, theirs_exported=False).startswith(cov.NO_COMPARISON)
-    ours_only = cov.npu_verdict(refs, wrong, None, None, "RuntimeError: x")
-    assert ours_only.startswith("NPUW: token 1") and ours_only.endswith(f"({cov.THEIRS_FAIL} RuntimeError: x)")
-    # NPUW running this package's artifact where it fails on optimum-intel's is not counted as worse
-    summary = cov._npu_summary([ours_only, "differs from optimum-intel's artifact: y"], real_width=True)
-    assert "1 that NPUW runs, with a difference from PyTorch, where it fails on optimum-intel's artifact" in summary
-    assert "1 worse than optimum-intel's artifact" in summary
+    # ours runs where optimum-intel's does not: its own category, never "worse than optimum-intel's"
+    alone = cov.npu_verdict(refs, wrong, None, None, "RuntimeError: y")
+    assert alone.startswith(f"{cov.RUNS_ALONE} (RuntimeError: y): NPUW: token 1")
+    assert "0 worse than" in cov._npu_summary([alone], real_width=True) and "1 that NPUW runs with a difference" in \
+        cov._npu_summary([alone], real_width=True)
+
+
+def test_neither_cell_names_its_measured_cause():
+    cov = _coverage_module()
+    cell = "NPUW runs neither artifact (optimum-intel's fails the same way): RuntimeError: unordered_map::at"
+    assert "; cause: NPUW's decoding feeds a `position_ids` input" in cov.npu_cause("bart", cell)
+    assert cov.npu_cause("llama", cell) == cell  # not measured for llama: no cause claimed
+    assert cov.npu_cause("bart", "parity") == "parity"
+    moe = "NPUW runs neither artifact (optimum-intel's fails the same way): RuntimeError: to_shape was called on a dynamic shape."
+    assert "data-dependent bounds" in cov.npu_cause("granitemoe", moe)
+
+
+def test_splice_npu_rerenders_only_the_npu_cells():
+    """`--splice-npu`: the NPU cells of the types measured again, the summary and the real-width section re-rendered
+    from the results file; every other cell of the page as its sweep wrote it."""
+    cov = _coverage_module()
+    passed = {"status": cov.PASS, "validation": {"status": "passed", "max_abs_diff_prefill": 1e-6,
+                                                 "max_abs_diff_decode": 2e-6},
+              "ovmodel": "parity", "genai": "parity | odd", "static": "parity"}
+    w = dict(layers=6, hidden=768, heads=12, vocab=50257, tied=True)
+    old = {"results": [dict(model_type="gpt2", widths=w, npu="NPUW runs neither artifact (optimum-intel's fails the "
+                            "same way): RuntimeError: Key", npu_shared="RuntimeError: Key", npu_with_past="RuntimeError: Key"),
+                       dict(model_type="bart", widths=w, npu="parity", npu_shared="parity", npu_with_past="parity")]}
+    results = [dict(passed, model_type="gpt2"), dict(passed, model_type="bart"), dict(passed, model_type="llama")]
+    page = cov.render(results, seconds=60, versions={"transformers": "x"}, python=sys.executable, npu_results=old)
+    new = {"results": [dict(old["results"][0], npu="parity (optimum-intel's artifact: RuntimeError: Key)",
+                            npu_shared="parity", npuw=cov.NPUW), old["results"][1]], "npuw": cov.NPUW}
+    spliced = cov.splice_npu(page, new, source="docs/npu-real-width.json")
+    assert spliced == cov.render(results, seconds=60, versions={"transformers": "x"}, python=sys.executable,
+                                 npu_results=new)
+    gpt2 = next(line for line in spliced.splitlines() if line.startswith("| gpt2 | exported"))
+    assert "parity (optimum-intel's artifact: RuntimeError: Key)" in gpt2 and "parity \\| odd" in gpt2
+    assert "of the 2 exported types measured there: 2 with parity (1 of them where NPUW runs optimum-intel's" in spliced
+    assert "the rows of bart were run without `INFERENCE_PRECISION_HINT`" in spliced
 
 
 def test_npu_results_merge_and_render_the_column_from_real_width():
@@ -296,15 +331,6 @@ def test_npu_results_merge_and_render_the_column_from_real_width():
     # without real-width results the page is as before: the tiny models' NPU cells
     plain = cov.render(results, seconds=60, versions={"transformers": "x"}, python=sys.executable)
     assert "## NPU pipeline at real width" not in plain and "NPUW runs neither artifact: tiny" in plain
-    # --update-npu: a rerun row replaces its NPU cell, summary and section row; every other cell is kept
-    rerun = {**npu, "results": [dict(npu["results"][0], npu="failed: new", npu_shared="failed: new",
-                                     npuw={"INFERENCE_PRECISION_HINT": "f16"})] + npu["results"][1:]
-             + [dict(model_type="phi", widths=w, npu="parity")]}  # measured before the hint
-    updated = cov.update_npu_column(page, rerun, source="docs/npu-real-width.json")
-    assert updated == cov.render(results, seconds=60, versions={"transformers": "x"}, python=sys.executable,
-                                 npu_results=rerun)
-    assert "| failed: new |" in next(line for line in updated.splitlines() if line.startswith("| llama | exported"))
-    assert "Measured with `INFERENCE_PRECISION_HINT='f16'` (what an NPU computes in): llama." in updated
 
 
 def test_npu_only_skips_a_mixture_of_experts_too_large_to_compile_here(monkeypatch):

@@ -131,16 +131,23 @@ def _npu_outcome(path, prompts, properties) -> str | list:
 def _assert_no_worse_than_optimum_intel(ours, theirs, reference):
     """Prompt by prompt, ours equals optimum-intel's token for token (so wherever theirs matches PyTorch,
     ours does too), and the path computes the model: most prompts that run match PyTorch at all. Where
-    NPUW cannot run optimum-intel's artifact, ours must fail the same way (not be refused for its own reasons)."""
-    if isinstance(theirs, str):
-        assert ours == theirs, f"optimum-intel's artifact: {theirs}; ours: {ours}"
-        return
+    NPUW cannot run optimum-intel's artifact, ours fails the same way (not refused for its own reasons) or runs
+    and computes the model (graph/npuw_forms.py gives some graphs a form NPUW runs: tiny bloom's)."""
+    if isinstance(theirs, str):  # NPUW fails optimum-intel's artifact at load
+        if isinstance(ours, str):
+            assert ours == theirs, f"optimum-intel's artifact: {theirs}; ours: {ours}"
+            return
+        theirs = [theirs] * len(reference)
     assert not isinstance(ours, str), f"NPUW loads optimum-intel's artifact, not ours: {ours}"
-    ran = [(t, r) for t, r in zip(theirs, reference) if not isinstance(t, str)]
-    assert sum(t == r for t, r in ran) * 2 >= len(ran), (theirs, reference)
     for i, (o, t, r) in enumerate(zip(ours, theirs, reference)):
+        if isinstance(t, str):  # NPUW fails optimum-intel's artifact on this prompt: ours the same way, or it runs
+            assert o == t or not isinstance(o, str), f"prompt {i}: optimum-intel's artifact: {t}; ours: {o}"
+            continue
         assert o == r or t != r, f"prompt {i}: optimum-intel's artifact matches PyTorch, ours does not: {o} {r}"
         assert o == t, f"prompt {i}: ours {o} against optimum-intel's {t} (PyTorch {r})"
+    for ran in ([(t, r) for t, r in zip(theirs, reference) if not isinstance(t, str)],
+                [(o, r) for o, t, r in zip(ours, theirs, reference) if isinstance(t, str) and not isinstance(o, str)]):
+        assert sum(x == r for x, r in ran) * 2 >= len(ran), (ours, theirs, reference)
 
 
 # ---------------------------------------------------------------- the NPU pipeline (NPUW on the CPU)

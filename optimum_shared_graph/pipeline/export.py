@@ -194,15 +194,18 @@ class _Export:
 
     def before_save(self, ov_model) -> None:
         """The graph edits applied to the graph optimum-intel is about to save, so it writes the final graph
-        (stage 6 then adds only the manifest to its XML): past lengths read from the key states (for GenAI's
-        NPU pipeline, `graph/kv_shapes.py`) and the logits slice. Not for a fallback, a static export (its
-        own graph), or a data-aware quantization (which calibrates on optimum-intel's graph as it is)."""
+        (stage 6 then adds only the manifest to its XML): past lengths read from the key states and the forms
+        of a tied head's reads GenAI's NPU pipeline partitions (`graph/kv_shapes.py`, `graph/npuw_forms.py`),
+        and the logits slice. Not for a fallback, a static export (its own graph), or a data-aware
+        quantization (which calibrates on optimum-intel's graph as it is)."""
         from ..graph.kv_shapes import read_lengths_from_keys
         from ..graph.logits import slice_logits
+        from ..graph.npuw_forms import npuw_forms
 
         if self.plan.opts.is_static or self.reason is not None or self.plan.calibrating:
             return
         read_lengths_from_keys(ov_model)
+        npuw_forms(ov_model)
         if self.plan.opts.logits == "last" and "logits" in {name for port in ov_model.outputs for name in port.get_names()}:
             slice_logits(ov_model)
 

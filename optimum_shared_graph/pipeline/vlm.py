@@ -291,6 +291,7 @@ class _VlmExport:
         """The language model part (fed `inputs_embeds`, with `logits`) becomes the shared graph's form."""
         from ..graph.kv_shapes import read_lengths_from_keys
         from ..graph.logits import slice_logits
+        from ..graph.npuw_forms import npuw_forms
 
         inputs = {name for port in ov_model.inputs for name in port.get_names()}
         outputs = {name for port in ov_model.outputs for name in port.get_names()}
@@ -298,6 +299,7 @@ class _VlmExport:
             return
         self.language_graphs += 1
         read_lengths_from_keys(ov_model)
+        npuw_forms(ov_model)
         if self.opts.logits == "last":
             slice_logits(ov_model)
 

@@ -80,8 +80,9 @@ def _openvino(path: Path, manifest: Manifest, reference: Reference, device: str,
     return outputs, _compiled_precision(compiled)
 
 
-def _forced_generate(model, reference: Reference) -> list[np.ndarray]:
-    """`generate()` with every pick forced to the reference's fed token; the raw logits of each call."""
+def forced_generate(model, reference: Reference, **inputs) -> list[np.ndarray]:
+    """`model.generate(**inputs)` (the reference's prompt ids and mask when none are given) with every pick forced to
+    the reference's fed token; the raw logits of each call."""
     import torch
     from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList
 
@@ -97,8 +98,9 @@ def _forced_generate(model, reference: Reference) -> list[np.ndarray]:
     calls = reference.fed.shape[1]
     config = GenerationConfig(do_sample=False, max_new_tokens=calls, min_new_tokens=calls, num_beams=1,
                               output_logits=True, return_dict_in_generate=True, pad_token_id=0)
-    out = model.generate(input_ids=torch.from_numpy(reference.prompt_ids), attention_mask=torch.from_numpy(reference.prompt_mask),
-                         generation_config=config, logits_processor=LogitsProcessorList([Force()]))
+    inputs = inputs or {"input_ids": torch.from_numpy(reference.prompt_ids),
+                        "attention_mask": torch.from_numpy(reference.prompt_mask)}
+    out = model.generate(**inputs, generation_config=config, logits_processor=LogitsProcessorList([Force()]))
     return [logits.float().numpy() for logits in out.logits]
 
 
@@ -106,7 +108,7 @@ def _optimum(path: Path, manifest: Manifest, reference: Reference, device: str, 
     from optimum.intel import OVModelForCausalLM
 
     model = OVModelForCausalLM.from_pretrained(str(path), device=device, ov_config=dict(properties), compile=True)
-    outputs = _forced_generate(model, reference)
+    outputs = forced_generate(model, reference)
     return outputs, _compiled_precision(model.request.get_compiled_model())
 
 
@@ -114,7 +116,7 @@ def _runtime(path: Path, manifest: Manifest, reference: Reference, device: str, 
     from ..runtimes.registry import runtime
 
     model = runtime(path, device, ov_config=dict(properties))
-    outputs = _forced_generate(model, reference)
+    outputs = forced_generate(model, reference)
     model.compile()
     return outputs, _compiled_precision(model._compiled)
 

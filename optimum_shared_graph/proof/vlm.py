@@ -27,7 +27,7 @@ import numpy as np
 
 from ..errors import ArtifactValidationError
 from ..manifest import Manifest
-from .consumers import _compiled_precision, _requested_precision
+from .consumers import _compiled_precision, _requested_precision, forced_generate
 from .judge import CannotRestart
 from .stored import Reference
 
@@ -109,30 +109,14 @@ def _inputs(path: Path, reference: Reference) -> dict:
 
 def optimum_vlm(path: Path, manifest: Manifest, reference: Reference, device: str, properties: dict):
     """`OVModelForVisualCausalLM.generate()`, every pick forced to the reference's: each call's raw logits."""
-    import torch
     from optimum.intel import OVModelForVisualCausalLM
-    from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList
 
     from ..host import qwen3_5_generate_fixed
 
     inputs = _inputs(path, reference)
-    fed = torch.from_numpy(reference.fed)
-    prompt = reference.prompt_ids.shape[1]
-
-    class Force(LogitsProcessor):
-        def __call__(self, input_ids, scores):
-            step = input_ids.shape[1] - prompt
-            forced = torch.full_like(scores, float("-inf"))
-            forced.scatter_(1, fed[:, step : step + 1], 0.0)
-            return forced
-
-    calls = reference.fed.shape[1]
-    config = GenerationConfig(do_sample=False, max_new_tokens=calls, min_new_tokens=calls, num_beams=1,
-                              output_logits=True, return_dict_in_generate=True, pad_token_id=0)
     model = OVModelForVisualCausalLM.from_pretrained(str(path), device=device, ov_config=dict(properties), compile=True)
     with qwen3_5_generate_fixed():
-        out = model.generate(**inputs, generation_config=config, logits_processor=LogitsProcessorList([Force()]))
-    outputs = [logits.float().numpy() for logits in out.logits]
+        outputs = forced_generate(model, reference, **inputs)
     return outputs, _compiled_precision(model.language_model.request.get_compiled_model())
 
 

@@ -247,28 +247,19 @@ def unloadable_copy(model: Path, dest: Path) -> Path:
     return dest
 
 
-def break_decode(artifact: Path, dest: Path, graph_file: str = "openvino_model.xml") -> Path:
-    """A copy of `artifact` at `dest` whose graph (`graph_file`: a vision-language artifact's language model is
-    `openvino_language_model.xml`, fed `inputs_embeds`) negates the logits of every one-token call (a broken
-    decode), with the manifest's digests updated to the new graph, as if a wrong graph had been exported into the
-    directory."""
+def edited_copy(artifact: Path, dest: Path, graph_file: str, edit) -> Path:
+    """A copy of `artifact` at `dest` whose graph `graph_file` went through `edit(graph)` (in place), with the
+    manifest's digests updated to the new graph, as if a wrong graph had been exported into the directory."""
     import json
     import shutil
 
-    import numpy as np
     import openvino as ov
-    import openvino.opset13 as ops
 
     from optimum_shared_graph.manifest import MANIFEST_NAME, digest_graph_files
 
     shutil.copytree(artifact, dest)
     graph = ov.Core().read_model(dest / graph_file)
-    result = next(r for r in graph.get_results() if "logits" in r.output(0).get_names())
-    logits = result.input(0).get_source_output()
-    ids = next(p for p in graph.inputs if p.get_any_name() in ("input_ids", "inputs_embeds"))
-    length = ops.gather(ops.shape_of(ids.get_node().output(0)), ops.constant([1]), ops.constant(0))
-    one = ops.equal(length, ops.constant(np.array([1], np.int64)))
-    result.input(0).replace_source_output(ops.select(one, ops.negative(logits), logits).output(0))
+    edit(graph)
     graph.validate_nodes_and_infer_types()
     staged = dest.parent / f"{dest.name}.broken"
     ov.save_model(graph, f"{staged}.xml", compress_to_fp16=False)  # not over the .bin it maps
@@ -278,6 +269,24 @@ def break_decode(artifact: Path, dest: Path, graph_file: str = "openvino_model.x
     manifest = json.loads((dest / MANIFEST_NAME).read_text())
     manifest["files"], manifest["files_xxh3_128"] = digest_graph_files(dest, sorted(manifest["files"]))
     (dest / MANIFEST_NAME).write_text(json.dumps(manifest))
+
+
+def break_decode(artifact: Path, dest: Path, graph_file: str = "openvino_model.xml") -> Path:
+    """A copy of `artifact` at `dest` whose graph (`graph_file`: a vision-language artifact's language model is
+    `openvino_language_model.xml`, fed `inputs_embeds`) negates the logits of every one-token call (a broken
+    decode), with the manifest's digests updated to the new graph (`edited_copy`)."""
+    import numpy as np
+    import openvino.opset13 as ops
+
+    def negate_decode(graph):
+        result = next(r for r in graph.get_results() if "logits" in r.output(0).get_names())
+        logits = result.input(0).get_source_output()
+        ids = next(p for p in graph.inputs if p.get_any_name() in ("input_ids", "inputs_embeds"))
+        length = ops.gather(ops.shape_of(ids.get_node().output(0)), ops.constant([1]), ops.constant(0))
+        one = ops.equal(length, ops.constant(np.array([1], np.int64)))
+        result.input(0).replace_source_output(ops.select(one, ops.negative(logits), logits).output(0))
+
+    edited_copy(artifact, dest, graph_file, negate_decode)
     return dest
 
 

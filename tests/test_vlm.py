@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import EXACT, run_cli, run_cli_in_process
+from conftest import EXACT, edited_copy, run_cli, run_cli_in_process
 
 from optimum_shared_graph import ArtifactValidationError, read_manifest
 
@@ -333,6 +333,17 @@ def test_registered_and_fix_swapped_in_for_one_export():
         assert entries["image-text-to-text"] is original
 
 
+def _input_rewired(name: str, make):
+    """An `edited_copy` edit: every reader of the graph input `name` reads `make(input)` instead."""
+    def edit(graph):
+        port = next(p for p in graph.inputs if p.get_any_name() == name)
+        readers = list(port.get_target_inputs())  # before `make` adds one
+        replacement = make(port.get_node().output(0))
+        for target in readers:
+            target.replace_source_output(replacement.output(0))
+    return edit
+
+
 @pytest.mark.slow  # the export of the tests above (the module's fixture), then about 5 s
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("model_type, architecture", [("qwen3_5", "Qwen3_5ForConditionalGeneration"),
@@ -342,9 +353,6 @@ def test_validation_refuses_a_language_model_that_ignores_the_image_positions(mo
     positions row on every row (Qwen3.5: the text positions; Qwen2-VL: the temporal ones, the text positions at the
     text tokens; a language model that ignores where the image's patches are, as a text-only rotary would) is
     refused against the PyTorch reference, which the unchanged graph passes."""
-    import shutil
-
-    import openvino as ov
     import openvino.opset13 as ops
     from transformers import AutoModelForImageTextToText
 
@@ -356,20 +364,12 @@ def test_validation_refuses_a_language_model_that_ignores_the_image_positions(mo
     reference = capture_reference(model, 4)
     assert validate_parts(out, reference, None)["status"] == "passed"
 
+    def text_positions_only(positions):  # Qwen3.5: text, temporal, height, width; Qwen2-VL: the last 3
+        rows = positions.get_partial_shape()[0].get_length()
+        return ops.gather(positions, ops.constant(np.zeros(rows, dtype=np.int64)), ops.constant(0))
+
     broken = tmp_path / "broken"
-    shutil.copytree(out, broken)
-    graph = ov.Core().read_model(broken / LANGUAGE_XML)
-    positions = next(p for p in graph.inputs if p.get_any_name() == "position_ids")
-    readers = list(positions.get_target_inputs())  # before the gather below becomes one
-    rows = positions.get_partial_shape()[0].get_length()  # Qwen3.5: text, temporal, height, width; Qwen2-VL: the last 3
-    text = ops.gather(positions.get_node().output(0), ops.constant(np.zeros(rows, dtype=np.int64)), ops.constant(0))
-    for target in readers:
-        target.replace_source_output(text.output(0))
-    graph.validate_nodes_and_infer_types()
-    ov.save_model(graph, broken / "staged.xml", compress_to_fp16=False)
-    del graph
-    for suffix in (".xml", ".bin"):
-        shutil.move(broken / f"staged{suffix}", broken / LANGUAGE_XML.replace(".xml", suffix))
+    edited_copy(out, broken, LANGUAGE_XML, _input_rewired("position_ids", text_positions_only))
     with pytest.raises(ExportValidationError, match=f"does not reproduce {architecture}"):
         validate_parts(broken, reference, None)
 
@@ -380,9 +380,6 @@ def test_validation_refuses_a_gemma3_language_model_that_attends_the_image_causa
     """The export's check of the language model is decisive for Gemma 3's bidirectional attention within an image:
     the artifact's graph fed token types of 0 (no image tokens: a causal mask over the image, as a language model
     without `token_type_ids` has) is refused against the PyTorch reference, which the unchanged graph passes."""
-    import shutil
-
-    import openvino as ov
     import openvino.opset13 as ops
     from transformers import AutoModelForImageTextToText
 
@@ -396,18 +393,8 @@ def test_validation_refuses_a_gemma3_language_model_that_attends_the_image_causa
     assert validate_parts(out, reference, None)["status"] == "passed"
 
     broken = tmp_path / "broken"
-    shutil.copytree(out, broken)
-    graph = ov.Core().read_model(broken / LANGUAGE_XML)
-    types = next(p for p in graph.inputs if p.get_any_name() == "token_type_ids")
-    readers = list(types.get_target_inputs())  # before the multiply below becomes one
-    zeros = ops.multiply(types.get_node().output(0), ops.constant(np.array(0, dtype=np.int64)))
-    for target in readers:
-        target.replace_source_output(zeros.output(0))
-    graph.validate_nodes_and_infer_types()
-    ov.save_model(graph, broken / "staged.xml", compress_to_fp16=False)
-    del graph
-    for suffix in (".xml", ".bin"):
-        shutil.move(broken / f"staged{suffix}", broken / LANGUAGE_XML.replace(".xml", suffix))
+    edited_copy(out, broken, LANGUAGE_XML, _input_rewired(
+        "token_type_ids", lambda types: ops.multiply(types, ops.constant(np.array(0, dtype=np.int64)))))
     with pytest.raises(ExportValidationError, match="does not reproduce Gemma3ForConditionalGeneration"):
         validate_parts(broken, reference, None)
 

@@ -9,14 +9,14 @@ from pathlib import Path
 
 import pytest
 
+from optimum_shared_graph.testing import npu_precision
+
 EXACT = {"KV_CACHE_PRECISION": "f32", "INFERENCE_PRECISION_HINT": "f32"}
 
-# What an NPU computes in: GenAI's NPU pipeline run on the CPU (NPUW_DEVICES=CPU) honours the hint, and without it
-# computes at the host CPU's default precision (bf16 on a CPU with bf16 units), which no NPU does. On a CPU without
-# f16 units the CPU plugin computes f32 instead.
-# (optimum_shared_graph.testing.NPU_ON_CPU has it with the NPU pipeline's properties; this is the part a judgement
-# of its tokens needs.)
-NPU_PRECISION = {"INFERENCE_PRECISION_HINT": "f16"}
+# What an NPU computes in, as far as this CPU can (`testing.npu_precision()`: f16 where the CPU has f16 units, else
+# f32): GenAI's NPU pipeline run on the CPU (NPUW_DEVICES=CPU) honours the hint. (optimum_shared_graph.testing
+# .NPU_ON_CPU has it with the NPU pipeline's properties; this is the part a judgement of its tokens needs.)
+NPU_PRECISION = npu_precision()
 
 
 def sixteen_bit() -> dict:

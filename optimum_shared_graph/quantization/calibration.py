@@ -239,13 +239,17 @@ def _apply_calibrated(model, config, samples, *, model_name_or_path: str, trust_
     )
 
 
-def make_stateful(xml: Path, model_config) -> None:
-    """Turn the stateless graph at `xml` stateful in place with optimum-intel's `patch_stateful`."""
+def make_stateful(xml: Path, model_config, shapes: dict | None = None) -> None:
+    """Turn the stateless graph at `xml` stateful in place with optimum-intel's `patch_stateful`; `shapes`: its
+    inputs' shapes as exported, given back first (optimum-intel's loader makes every dimension dynamic, and
+    `patch_stateful` builds each state's initial value from its input's shape)."""
     import openvino as ov
     from optimum.exporters.openvino.stateful import patch_stateful
 
     core = ov.Core()
     ov_model = core.read_model(xml)
+    if shapes:
+        ov_model.reshape(shapes)
     patch_stateful(model_config, ov_model)
     tmp = xml.with_name(".stateful-" + xml.name)
     ov.save_model(ov_model, tmp, compress_to_fp16=False)

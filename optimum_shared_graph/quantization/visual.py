@@ -360,10 +360,24 @@ def quantize_vlm_both_stages(model_name_or_path: str, output: str | os.PathLike,
     del model, samples, language
     gc.collect()
     if stateful:
-        make_stateful(output / LANGUAGE_XML, model_config)
+        make_stateful(output / LANGUAGE_XML, model_config, shapes)
 
 
 def _range_estimator():
     from . import calibration
 
     return calibration.ACTIVATION_RANGE_ESTIMATOR
+
+
+def quantizer(dataset: VisualDataset, decode_steps: int, report: CalibrationReport):
+    """`both_stages.both_stage_quantization`'s `quantize` for a vision-language model: `quantize_vlm_both_stages`
+    on `dataset`, given optimum-intel's `_main_quantize` arguments."""
+
+    def quantize(arguments, stateful: bool) -> None:
+        quantize_vlm_both_stages(
+            arguments["model_name_or_path"], arguments["output"], arguments["quantization_config"], dataset=dataset,
+            decode_steps=decode_steps, stateful=stateful, report=report,
+            trust_remote_code=arguments["trust_remote_code"], cache_dir=arguments["cache_dir"],
+            model_kwargs=arguments["model_kwargs"])
+
+    return quantize

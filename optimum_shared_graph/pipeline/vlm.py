@@ -320,6 +320,9 @@ def plan_calibration(opts: ExportOptions, quantization: dict[str, Any] | None,
     from ..quantization.calibration import is_data_aware
 
     quantization = quantization or {}
+    # any --dataset is checked first: one that is not of images and instructions has no meaning here (optimum-intel
+    # would take a text set's name and fail in its calibration, and a file's path is no name it knows)
+    dataset = visual.resolve_dataset(quantization["dataset"]) if quantization.get("dataset") is not None else None
     if opts.quantization_config is not None:
         data_aware = is_data_aware(opts.quantization_config)
     else:
@@ -332,7 +335,9 @@ def plan_calibration(opts: ExportOptions, quantization: dict[str, Any] | None,
             f"--quant-mode {quantization['quant_mode']} does not apply with --task {VLM_SHARED_TASK} yet (full and "
             "mixed quantization calibrate the vision graphs too): use --weight-format with --dataset and a data-aware "
             "algorithm (--awq, --scale-estimation, --gptq, ...)")
-    dataset = visual.resolve_dataset(quantization.get("dataset"))
+    if dataset is None:  # the API's config with a list of texts as its dataset: no images
+        raise InvalidOptionsError("data-aware quantization of a vision-language model calibrates on images: give "
+                                  "the config's dataset as a JSON-lines file of images and instructions")
     if dataset.name is not None and importlib.util.find_spec("datasets") is None:
         raise InvalidOptionsError(
             f"--dataset {dataset.name} is read from the hub by the datasets package, which is not installed: "

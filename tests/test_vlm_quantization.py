@@ -195,3 +195,29 @@ def test_quantized_artifact_through_the_vlm_consumers(awq):
     assert optimum["max_abs_diff_prefill"] < 1e-4 and optimum["max_abs_diff_decode"] < 1e-4, optimum
     genai = osg.validate(out, consumer="genai-vlm", properties=EXACT)
     assert genai["status"] == "passed" and genai["greedy_match"], genai
+
+
+@pytest.mark.slow  # an export: about 60 s
+@pytest.mark.timeout(900)
+def test_api_calibration_decode_steps(checkpoint, tmp_path):
+    """`export(quantization_config={..., "dataset": FILE}, calibration_decode_steps=2)`: the API's route, with 2
+    decode calls per image (3 images: `num_samples` keeps optimum-intel's meaning, how many are taken)."""
+    dataset = write_dataset(tmp_path / "data")
+    manifest = osg.export(checkpoint, tmp_path / "out", task=TASK, calibration_decode_steps=2, quiet=True,
+                          quantization_config={"bits": 4, "group_size": 16, "dataset": str(dataset),
+                                               "scale_estimation": True, "num_samples": 3})
+    assert manifest.quantization["calibration_samples"] == {"prefill": 3, "decode": 6}
+    assert manifest.quantization["dataset"] == str(dataset) and manifest.validation["status"] == "recorded"
+    assert {"u4"} <= _weight_types(tmp_path / "out" / "openvino_language_model.xml")
+
+
+@pytest.mark.slow  # an export: about 60 s
+@pytest.mark.timeout(900)
+def test_data_free_weights_with_a_dataset_file(checkpoint, tmp_path):
+    """8-bit weights never use data (optimum-intel's rule): a dataset file changes nothing, no calibration runs."""
+    dataset = write_dataset(tmp_path / "data", 1)
+    manifest = osg.export(checkpoint, tmp_path / "out", task=TASK, quiet=True,
+                          quantization_config={"bits": 8, "dataset": str(dataset)})
+    assert manifest.quantization["calibration_samples"] == {"prefill": 0, "decode": 0}
+    assert "calibration_graph" not in manifest.quantization
+    assert _weight_types(tmp_path / "out" / "openvino_language_model.xml") & {"u8", "i8"}

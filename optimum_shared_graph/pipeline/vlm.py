@@ -380,6 +380,10 @@ def run_vlm_export(model: str, output_dir, opts: ExportOptions, *, raw_export: C
             calibrated = both_stage_quantization(
                 opts.calibration_decode_steps, calibration,
                 quantize=visual.quantizer(dataset, opts.calibration_decode_steps, calibration))
+        elif (quantization or {}).get("dataset") is not None:  # a data-free config: optimum-intel would not use it
+            from ..quantization import visual
+
+            calibrated = visual.dataset_unused()
         export = _VlmExport(opts, source=model)
         with convert.staging(output) as staging:
             raw = staging / "raw"

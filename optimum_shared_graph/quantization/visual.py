@@ -381,3 +381,23 @@ def quantizer(dataset: VisualDataset, decode_steps: int, report: CalibrationRepo
             model_kwargs=arguments["model_kwargs"])
 
     return quantize
+
+
+@contextlib.contextmanager
+def dataset_unused() -> Iterator[None]:
+    """While active, optimum-intel's `_main_quantize` of a data-free config (8-bit weights, or no data-aware
+    algorithm) is given it without its `dataset`: for a vision-language model optimum-intel would build the
+    calibration set from it (its loader knows only its dataset names, not a local file's instructions) and then
+    not use it, so the weights are the same."""
+    from optimum.intel.openvino.configuration import _quantization_config_from_dict
+
+    def _main_quantize(bound, proceed):
+        config = bound.arguments["quantization_config"]
+        config = _quantization_config_from_dict(config) if isinstance(config, dict) else config.clone()
+        if getattr(config, "dataset", None) is not None:
+            config.dataset = None
+            bound.arguments["quantization_config"] = config
+        return proceed()
+
+    with host.main_quantize_wrapped(_main_quantize):
+        yield

@@ -227,15 +227,20 @@ def _prepared_config(model, quantization_config: Any, model_name_or_path: str):
     return model._preprocess_quantization_config(config, model_name_or_path)
 
 
-def _apply_calibrated(model, config, samples, *, model_name_or_path: str, trust_remote_code: bool, **save) -> None:
+def _apply_calibrated(model, config, samples, *, model_name_or_path: str, trust_remote_code: bool,
+                      submodel: str | None = None, **save) -> None:
     """optimum-intel's quantization of `model.model` with NNCF, on `samples` (every one of them, with
-    this package's activation range estimator); `save` is `_apply_quantization`'s saving arguments."""
+    this package's activation range estimator); `submodel`: the name of the graph of a model of several the
+    samples are of (`"lm_model"`: a vision-language model's language model); `save` is `_apply_quantization`'s
+    saving arguments."""
     from optimum.intel.openvino.quantization import OVCalibrationDataset
 
+    dataset = samples.nncf_dataset()
     model._apply_quantization(
         _with_activation_range(_with_num_samples(config, len(samples)), ACTIVATION_RANGE_ESTIMATOR),
         compile_only=False, compile_model=False, model_name_or_path=model_name_or_path,
-        trust_remote_code=trust_remote_code, calibration_dataset=OVCalibrationDataset(samples.nncf_dataset()), **save,
+        trust_remote_code=trust_remote_code,
+        calibration_dataset=OVCalibrationDataset({submodel: dataset} if submodel else dataset), **save,
     )
 
 

@@ -44,8 +44,7 @@ from .. import host
 from ..errors import InvalidOptionsError, ModelNotSupportedError
 from ..progress import bar
 from .calibration import (
-    COMPILE_CONFIG, CalibrationReport, _NotStatefulWarning, _prepared_config, _with_activation_range, _with_num_samples,
-    make_stateful,
+    COMPILE_CONFIG, CalibrationReport, _apply_calibrated, _NotStatefulWarning, _prepared_config, make_stateful,
 )
 
 LANGUAGE_XML = "openvino_language_model.xml"
@@ -314,12 +313,12 @@ def quantize_vlm_both_stages(model_name_or_path: str, output: str | os.PathLike,
     vision-language model, with the calibration set built here (module docstring)."""
     import logging
 
+    import openvino as ov
     from optimum.intel import OVModelForVisualCausalLM
-    from optimum.intel.openvino.quantization import OVCalibrationDataset
     from transformers import AutoProcessor, AutoTokenizer
 
     output = Path(output)
-    logger = logging.getLogger("optimum.intel.openvino.modeling_visual_language")
+    logger = logging.getLogger("optimum.intel.openvino.modeling_decoder")  # its language model class warns
     logger.addFilter(_NotStatefulWarning)
     try:
         # f32: optimum-intel gives a stateless language model's `present` outputs the device's inference precision
@@ -343,30 +342,20 @@ def quantize_vlm_both_stages(model_name_or_path: str, output: str | os.PathLike,
     names = {port.get_any_name() for port in language.inputs}
     items = dataset_items(dataset, model, config, trust_remote_code)
     prefills = [prefill_inputs(model, processor, tokenizer, item, names) for item in items]
-    import openvino as ov
-
     exported = ov.Core().read_model(output / LANGUAGE_XML)  # the shapes as exported (weights mapped, not read)
     shapes = {port.get_any_name(): port.get_partial_shape() for port in exported.inputs}
     del exported
     samples = VisualBothStageSamples(language, model.ov_models["text_embeddings_model"], prefills, decode_steps,
                                      state_shapes=shapes)
     report.record(samples, decode_steps)
-    config = _with_activation_range(_with_num_samples(config, len(samples)), _range_estimator())
-    model._apply_quantization(
-        config, compile_only=False, compile_model=False, model_name_or_path=model_name_or_path,
-        trust_remote_code=trust_remote_code, save_directory=output, immediate_save=True,
-        calibration_dataset=OVCalibrationDataset({"lm_model": samples.nncf_dataset()}))
+    _apply_calibrated(model, config, samples, model_name_or_path=model_name_or_path,
+                      trust_remote_code=trust_remote_code, submodel="lm_model", save_directory=output,
+                      immediate_save=True)
     model_config = model.config
     del model, samples, language
     gc.collect()
     if stateful:
         make_stateful(output / LANGUAGE_XML, model_config, shapes)
-
-
-def _range_estimator():
-    from . import calibration
-
-    return calibration.ACTIVATION_RANGE_ESTIMATOR
 
 
 def quantizer(dataset: VisualDataset, decode_steps: int, report: CalibrationReport):

@@ -10,6 +10,7 @@ refusals run before any work (one line, nothing written); the export itself is `
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -170,6 +171,9 @@ def test_calibration_runs_on_both_stages(awq):
         "calibration_decode_steps": DECODE_STEPS, "calibration_graph": "stateless"}
     logged = proc.stdout + proc.stderr  # NNCF's progress
     assert "Applying data-aware AWQ" in logged and "Applying Scale Estimation" in logged
+    # NNCF ran the language model on every sample, decode calls included
+    samples = len(INSTRUCTIONS) * (1 + DECODE_STEPS)
+    assert re.search(rf"Statistics collection .* {samples}/{samples}", logged), logged[-3000:]
     language = ov.Core().read_model(out / "openvino_language_model.xml")
     assert sorted(p.get_any_name() for p in language.inputs) == ["attention_mask", "beam_idx", "inputs_embeds",
                                                                  "position_ids"]

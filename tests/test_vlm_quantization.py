@@ -127,6 +127,18 @@ def test_dataset_name_without_the_datasets_package_is_refused(checkpoint, tmp_pa
              r"^--dataset textvqa is read from the hub by the datasets package, which is not installed")
 
 
+def test_checkpoint_without_its_processor_is_refused(tmp_path):
+    """The images go through the checkpoint's processor and chat template: a checkpoint with only its text
+    tokenizer is refused before any work."""
+    from optimum_shared_graph.testing import build_tiny_multimodal
+
+    build_tiny_multimodal("qwen3_5", tmp_path / "bare")
+    path = write_dataset(tmp_path / "data", 1)
+    _refused(tmp_path / "bare", tmp_path, {"bits": 4, "dataset": str(path), "quant_method": "awq"},
+             r"^data-aware quantization feeds the calibration images through the checkpoint's processor, and the "
+             r"checkpoint('s processor did not load| has no image processor)")
+
+
 def test_texts_without_images_are_refused(checkpoint, tmp_path):
     """The API's list of texts (a text model's calibration set) has no image to merge into the prefill."""
     _refused(checkpoint, tmp_path, {"bits": 4, "dataset": ["hello"], "quant_method": "awq"},

@@ -304,7 +304,7 @@ class _VlmExport:
             slice_logits(ov_model)
 
 
-def plan_calibration(opts: ExportOptions, quantization: dict[str, Any] | None,
+def plan_calibration(model: str, opts: ExportOptions, quantization: dict[str, Any] | None,
                      quantization_config: Callable[[], Any] | None):
     """The calibration set of a data-aware quantization (`quantization.visual.VisualDataset`), or None when the
     flags ask for none; checked before any work.
@@ -312,7 +312,8 @@ def plan_calibration(opts: ExportOptions, quantization: dict[str, Any] | None,
     Raises:
         InvalidOptionsError: full or mixed quantization (`--quant-mode`), which also calibrates the vision graphs (not
             built), or a `--dataset` that is neither a readable JSON-lines file nor one of optimum-intel's
-            vision-language sets (or one of those without the `datasets` package that reads it).
+            vision-language sets (or one of those without the `datasets` package that reads it), or a checkpoint
+            without the processor the images go through.
     """
     import importlib.util
 
@@ -342,6 +343,14 @@ def plan_calibration(opts: ExportOptions, quantization: dict[str, Any] | None,
         raise InvalidOptionsError(
             f"--dataset {dataset.name} is read from the hub by the datasets package, which is not installed: "
             "pip install datasets, or pass a local JSON-lines file of images and instructions")
+    from ..proof.vlm import load_processor
+
+    _processor, why = load_processor(model, opts.trust_remote_code)
+    if why is not None:
+        raise InvalidOptionsError(
+            f"data-aware quantization feeds the calibration images through the checkpoint's processor, and {why}: "
+            "export from the checkpoint directory with its processor files (preprocessor_config.json, the tokenizer "
+            "and its chat template)")
     return dataset
 
 
@@ -369,7 +378,7 @@ def run_vlm_export(model: str, output_dir, opts: ExportOptions, *, raw_export: C
                 f"{', '.join(supported_vlm_types())}); for a text-only export of its language model use "
                 "--task text-generation-shared")
         weight_format = (quantization or {}).get("weight_format") or opts.weight_format
-        dataset = plan_calibration(opts, quantization, quantization_config)
+        dataset = plan_calibration(model, opts, quantization, quantization_config)
         calibration, calibrated = None, contextlib.nullcontext()
         if dataset is not None:  # optimum-intel's data-aware quantization, on both stages of the language model
             from ..quantization import visual

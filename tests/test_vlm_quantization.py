@@ -237,3 +237,29 @@ def test_data_free_weights_with_a_dataset_file(checkpoint, tmp_path):
     assert manifest.quantization["calibration_samples"] == {"prefill": 0, "decode": 0}
     assert "calibration_graph" not in manifest.quantization
     assert _weight_types(tmp_path / "out" / "openvino_language_model.xml") & {"u8", "i8"}
+
+
+@pytest.mark.slow  # an export (about 55 s), then about 5 s
+@pytest.mark.timeout(900)
+def test_gemma3_calibrates_with_its_token_types(tmp_path):
+    """Gemma 3 (attention layers only, `token_type_ids` 1 at the image tokens, positions from 1, which
+    `OVModelForVisualCausalLM`'s generation input preparation gives): the same route, both consumers under f32."""
+    import openvino as ov
+
+    from optimum_shared_graph.testing import build_tiny_multimodal
+
+    build_tiny_multimodal("gemma3", tmp_path / "gemma3", processor=True)
+    dataset = write_dataset(tmp_path / "data")
+    out = tmp_path / "out"
+    proc = run_cli("export", "openvino", "-m", str(tmp_path / "gemma3"), "--task", TASK, "--weight-format", "int4",
+                   "--group-size", "16", "--awq", "--scale-estimation", "--dataset", str(dataset), str(out))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    manifest = json.loads((out / "shared_graph.json").read_text())
+    assert manifest["quantization"]["calibration_samples"] == {"prefill": len(INSTRUCTIONS),
+                                                               "decode": len(INSTRUCTIONS) * DECODE_STEPS}
+    language = ov.Core().read_model(out / "openvino_language_model.xml")
+    assert sorted(p.get_any_name() for p in language.inputs) == ["attention_mask", "beam_idx", "inputs_embeds",
+                                                                 "position_ids", "token_type_ids"]
+    for consumer in ("optimum-vlm", "genai-vlm"):
+        report = osg.validate(out, consumer=consumer, properties=EXACT)
+        assert report["status"] == "passed" and report["greedy_match"], report

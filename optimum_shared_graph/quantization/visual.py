@@ -194,6 +194,8 @@ def prefill_inputs(model, processor, tokenizer, item: Item, names: set[str]) -> 
         if model.config.model_type in ("qwen3_5", "qwen3_5_moe"):
             extra["position_ids"] = model._prepare_position_ids_for_generation(inputs["input_ids"], dict(inputs))
         embeds, mask, positions, *_ = model.get_multimodal_embeddings(**inputs, **extra)
+        if positions is None:  # a family whose positions generation's input preparation makes (Gemma 3: from 1)
+            positions = model.prepare_inputs_for_generation(**inputs)["position_ids"]
     feed = {"inputs_embeds": embeds.float().numpy(), "attention_mask": mask.long().numpy(),
             "position_ids": positions.long().numpy()}
     if "token_type_ids" in names:  # Gemma 3: 1 at the image tokens
@@ -211,7 +213,8 @@ class VisualBothStageSamples:
     later one, so no call's state is derived from another's): memory grows with items x calls x state size.
 
     Args:
-        ov_model: the stateless language model (state inputs named with `past`, outputs the same with `present`).
+        ov_model: the stateless language model (state inputs `past_key_values.*` with outputs `present.*`, or a
+            hybrid model's `cache_params.past.*` with `cache_params.present.*`).
         text_embeddings: the text embeddings `openvino.Model` (token ids to the language model's embeddings).
         prefills: `prefill_inputs` of each item.
         decode_steps: decode calls after each prefill (0: prefill only, optimum-intel's behaviour).
@@ -232,7 +235,10 @@ class VisualBothStageSamples:
             name = port.get_any_name()
             if name in _STEP_INPUTS:
                 continue
-            present = name.replace("past", "present", 1)
+            # optimum-intel's names: past_key_values.N.key -> present.N.key; a hybrid model's cache_params.past.* ->
+            # cache_params.present.*
+            present = name.replace("past_key_values", "present", 1) if name.startswith("past_key_values") \
+                else name.replace("past", "present", 1)
             if "past" not in name or present not in outputs:
                 raise ModelNotSupportedError(
                     f"calibration on both stages cannot feed the language model's input {name} (no state output "

@@ -31,6 +31,11 @@ optimum-intel's own export (its configs, its file names, its tokenizer conversio
 5. the manifest (`task: image-text-to-text-shared`) and the artifact moved into place, as for a text model, with
    the reference `validate()` runs (`vlm_reference.py`: recorded in `on_model` through the checkpoint's processor).
 
+Data-aware weight compression (`--dataset` with `--awq`, `--scale-estimation`, ...: `plan_calibration` checks the
+flags, the dataset and the processor at the start) has optimum-intel export the language model stateless in item 2,
+and calibrates it on both stages before it is made stateful again (`quantization/visual.py`); item 4 then records
+the compressed graph against PyTorch, as for any compressed weights.
+
 What differs from family to family in items 3 and 4 (the validation image and prompt, where the image embeddings
 are, the language model's inputs, how the vision graphs run) is a `vlm_families.Family`; its model types are the
 ones this task exports. The validation image needs no processor: its pixels are drawn (seeded) in the processor's

@@ -17,8 +17,8 @@ from .tasks import BASE_TASK, TASK, VLM_SHARED_TASK
 
 # the options `task="image-text-to-text-shared"` takes: the CLI's flags for it (`cli._VLM_FLAGS`) and the ones
 # optimum-intel's own flags set (`cli.options_from_args`); the others are refused as the CLI refuses their flags
-VLM_OPTIONS = ("logits", "skip_validation", "validation_new_tokens", "quiet", "stateful", "weight_format",
-               "trust_remote_code", "convert_tokenizer")
+VLM_OPTIONS = ("logits", "skip_validation", "validation_new_tokens", "calibration_decode_steps", "quiet", "stateful",
+               "weight_format", "quantization_config", "trust_remote_code", "convert_tokenizer")
 
 
 def export(model_or_path: Any, output_dir: str | os.PathLike, *, task: str = TASK, **options: Any) -> Manifest:
@@ -35,7 +35,9 @@ def export(model_or_path: Any, output_dir: str | os.PathLike, *, task: str = TAS
             (Qwen3.5, Qwen3.5-MoE: [Multimodal checkpoints](multimodal.md)), as `optimum-cli --task`.
         **options: the fields of `ExportOptions` (`logits="all"`, `weight_format="int8"`, ...). With
             `task="image-text-to-text-shared"` only `logits`, `skip_validation`, `validation_new_tokens`,
-            `quiet`, `stateful`, `weight_format`, `trust_remote_code` and `convert_tokenizer` apply.
+            `calibration_decode_steps`, `quiet`, `stateful`, `weight_format`, `quantization_config` (weight
+            compression; a `dataset` of images and instructions, [Multimodal checkpoints](multimodal.md)),
+            `trust_remote_code` and `convert_tokenizer` apply.
 
     Returns:
         The `Manifest` written to `output_dir/shared_graph.json`.
@@ -69,10 +71,22 @@ def export(model_or_path: Any, output_dir: str | os.PathLike, *, task: str = TAS
 
 def _export_vlm(model_or_path: Any, output_dir, opts: ExportOptions) -> Manifest:
     """`task="image-text-to-text-shared"`: `pipeline/vlm.run_vlm_export` with optimum-intel's `main_export`."""
+    import dataclasses
+
     from .pipeline import vlm
 
-    raw_export = _api_raw_export(opts)
-    quantization = {"weight_format": opts.weight_format, "quant_mode": None, "dataset": None}
+    config, raw_opts = opts.quantization_config, opts
+    if isinstance(config, dict) and config.get("dataset") is not None:
+        # a local file of images and instructions (read now: a bad one is refused before any work) reaches
+        # optimum-intel's config as its instructions, a list it accepts; the calibration reads the file
+        # (quantization/visual.py), the manifest records its name
+        from .quantization.visual import resolve_dataset
+
+        dataset = resolve_dataset(config["dataset"])
+        if dataset.items is not None:
+            raw_opts = dataclasses.replace(opts, quantization_config={**config, "dataset": dataset.texts})
+    quantization = {**_api_quantization(raw_opts), **({"dataset": config["dataset"]} if raw_opts is not opts else {})}
+    raw_export = _api_raw_export(raw_opts)
     if hasattr(model_or_path, "save_pretrained"):
         with tempfile.TemporaryDirectory(prefix="osg-model-") as tmp:
             model_or_path.save_pretrained(tmp)

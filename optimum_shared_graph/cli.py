@@ -12,7 +12,7 @@ from .errors import SharedGraphError
 from .host import export_command_extended
 from .options import FALLBACK_MODES, LOGITS_MODES, SHAPE_MODES, ExportOptions
 from .registration import register_tasks_on_import
-from .tasks import BASE_TASK, TASK, VLM_SHARED_TASK
+from .tasks import BASE_TASK, TASK, VLM_SHARED_TASK, VLM_TASK
 
 # flag -> ExportOptions field. Flags default to None so we can tell which ones were given.
 _FLAGS = {
@@ -121,7 +121,7 @@ def run(command, original_run) -> None:
 
 
 # the flags `--task image-text-to-text-shared` takes (the others fix what it does not do yet: a static graph, ...)
-_VLM_FLAGS = ("logits", "skip_validation", "validation_new_tokens", "quiet")
+_VLM_FLAGS = ("logits", "skip_validation", "validation_new_tokens", "calibration_decode_steps", "quiet")
 
 
 def _run_vlm(command, original_run) -> None:
@@ -135,17 +135,30 @@ def _run_vlm(command, original_run) -> None:
     from .pipeline import vlm
 
     def raw_export(model_path: str, output: Path, task: str) -> None:
-        saved = (args.model, args.output, args.task)
+        # a local --dataset file of images and instructions reaches optimum-intel's config as its instructions (a
+        # list it accepts); the calibration itself reads the file (quantization/visual.py)
+        saved = (args.model, args.output, args.task, args.dataset)
         args.model, args.output, args.task = model_path, output, task
+        if isinstance(args.dataset, str) and os.path.isfile(args.dataset):
+            from .quantization.visual import read_dataset_file
+
+            args.dataset = [item.text for item in read_dataset_file(args.dataset)]
         try:
             original_run(command)
         finally:
-            args.model, args.output, args.task = saved
+            args.model, args.output, args.task, args.dataset = saved
+
+    def quantization_config():
+        # optimum-intel's command builds the config from its flags and is stopped before it exports
+        from .quantization.both_stages import quantization_config_of
+
+        return quantization_config_of(lambda: raw_export(args.model, Path(args.output), VLM_TASK))
 
     try:
         options = options_from_args(args)
         quant = {"weight_format": args.weight_format, "quant_mode": args.quant_mode, "dataset": args.dataset}
-        manifest = vlm.run_vlm_export(args.model, args.output, options, raw_export=raw_export, quantization=quant)
+        manifest = vlm.run_vlm_export(args.model, args.output, options, raw_export=raw_export, quantization=quant,
+                                      quantization_config=quantization_config)
     except SharedGraphError as err:
         if os.environ.get("OPTIMUM_SHARED_GRAPH_DEBUG"):
             raise

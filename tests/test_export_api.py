@@ -38,8 +38,6 @@ VLM = "image-text-to-text-shared"
 @pytest.mark.parametrize("options,expected", [
     ({"shape_mode": "static"}, f"shape_mode does not apply with task '{VLM}'"),
     ({"fallback": "never", "validation_prompt": "hello"}, f"fallback, validation_prompt does not apply with task '{VLM}'"),
-    ({"quantization_config": {"bits": 8}}, f"quantization_config does not apply with task '{VLM}'"),
-    ({"calibration_decode_steps": 2}, f"calibration_decode_steps does not apply with task '{VLM}'"),
 ])
 def test_options_that_do_not_apply_to_a_vision_language_export_are_refused(tmp_path, options, expected):
     """As the CLI refuses its flags for `--task image-text-to-text-shared` (`cli._VLM_FLAGS`): one line, before any

@@ -31,6 +31,11 @@ optimum-intel's own export (its configs, its file names, its tokenizer conversio
 5. the manifest (`task: image-text-to-text-shared`) and the artifact moved into place, as for a text model, with
    the reference `validate()` runs (`vlm_reference.py`: recorded in `on_model` through the checkpoint's processor).
 
+Data-aware weight compression (`--dataset` with `--awq`, `--scale-estimation`, ...: `plan_calibration` checks the
+flags, the dataset and the processor at the start) has optimum-intel export the language model stateless in item 2,
+and calibrates it on both stages before it is made stateful again (`quantization/visual.py`); item 4 then records
+the compressed graph against PyTorch, as for any compressed weights.
+
 What differs from family to family in items 3 and 4 (the validation image and prompt, where the image embeddings
 are, the language model's inputs, how the vision graphs run) is a `vlm_families.Family`; its model types are the
 ones this task exports. The validation image needs no processor: its pixels are drawn (seeded) in the processor's
@@ -304,9 +309,63 @@ class _VlmExport:
             slice_logits(ov_model)
 
 
+def plan_calibration(model: str, opts: ExportOptions, quantization: dict[str, Any] | None,
+                     quantization_config: Callable[[], Any] | None):
+    """The calibration set of a data-aware quantization (`quantization.visual.VisualDataset`), or None when the
+    flags ask for none; checked before any work.
+
+    Raises:
+        InvalidOptionsError: full or mixed quantization (`--quant-mode`), which also calibrates the vision graphs (not
+            built), or a `--dataset` that is neither a readable JSON-lines file nor one of optimum-intel's
+            vision-language sets (or one of those without the `datasets` package that reads it), or a checkpoint
+            without the processor the images go through.
+    """
+    import importlib.util
+
+    from ..quantization import visual
+    from ..quantization.calibration import is_data_aware
+
+    quantization = quantization or {}
+    # any --dataset is checked first: one that is not of images and instructions has no meaning here (optimum-intel
+    # would take a text set's name and fail in its calibration, and a file's path is no name it knows)
+    dataset = visual.resolve_dataset(quantization["dataset"]) if quantization.get("dataset") is not None else None
+    if opts.quantization_config is not None:
+        data_aware = is_data_aware(opts.quantization_config)
+    else:
+        data_aware = (quantization.get("dataset") is not None and quantization_config is not None
+                      and is_data_aware(quantization_config()))
+    if not data_aware:
+        return None
+    if quantization.get("quant_mode"):
+        raise InvalidOptionsError(
+            f"--quant-mode {quantization['quant_mode']} does not apply with --task {VLM_SHARED_TASK} yet (full and "
+            "mixed quantization calibrate the vision graphs too): use --weight-format with --dataset and a data-aware "
+            "algorithm (--awq, --scale-estimation, --gptq, ...)")
+    if dataset is None:  # the API's config with a list of texts as its dataset: no images
+        raise InvalidOptionsError("data-aware quantization of a vision-language model calibrates on images: give "
+                                  "the config's dataset as a JSON-lines file of images and instructions")
+    if dataset.name is not None and importlib.util.find_spec("datasets") is None:
+        raise InvalidOptionsError(
+            f"--dataset {dataset.name} is read from the hub by the datasets package, which is not installed: "
+            "pip install datasets, or pass a local JSON-lines file of images and instructions")
+    from ..proof.vlm import load_processor
+
+    _processor, why = load_processor(model, opts.trust_remote_code)
+    if why is not None:
+        raise InvalidOptionsError(
+            f"data-aware quantization feeds the calibration images through the checkpoint's processor, and {why}: "
+            "export from the checkpoint directory with its processor files (preprocessor_config.json, the tokenizer "
+            "and its chat template)")
+    return dataset
+
+
 def run_vlm_export(model: str, output_dir, opts: ExportOptions, *, raw_export: Callable[..., None],
-                   quantization: dict[str, Any] | None = None) -> Manifest:
-    """Export the vision-language model `model` into `output_dir` (module docstring); return the manifest."""
+                   quantization: dict[str, Any] | None = None,
+                   quantization_config: Callable[[], Any] | None = None) -> Manifest:
+    """Export the vision-language model `model` into `output_dir` (module docstring); return the manifest.
+
+    `quantization_config` returns the config the CLI's quantization flags give (without exporting); with a
+    data-aware one the language model is calibrated on both stages (`quantization/visual.py`)."""
     stages = ["loading", "recording generate()", "converting (optimum-intel)"]
     stages += ([] if opts.skip_validation else ["validating"]) + ["writing"]
     with progress.export_progress(stages, quiet=opts.quiet):
@@ -324,13 +383,28 @@ def run_vlm_export(model: str, output_dir, opts: ExportOptions, *, raw_export: C
                 f"{', '.join(supported_vlm_types())}); for a text-only export of its language model use "
                 "--task text-generation-shared")
         weight_format = (quantization or {}).get("weight_format") or opts.weight_format
+        dataset = plan_calibration(model, opts, quantization, quantization_config)
+        calibration, calibrated = None, contextlib.nullcontext()
+        if dataset is not None:  # optimum-intel's data-aware quantization, on both stages of the language model
+            from ..quantization import visual
+            from ..quantization.both_stages import both_stage_quantization
+            from ..quantization.calibration import CalibrationReport
+
+            calibration = CalibrationReport()
+            calibrated = both_stage_quantization(
+                opts.calibration_decode_steps, calibration,
+                quantize=visual.quantizer(dataset, opts.calibration_decode_steps, calibration))
+        elif (quantization or {}).get("dataset") is not None:  # a data-free config: optimum-intel would not use it
+            from ..quantization import visual
+
+            calibrated = visual.dataset_unused()
         export = _VlmExport(opts, source=model)
         with convert.staging(output) as staging:
             raw = staging / "raw"
             try:
                 with vlm_fix_applied(model_type) as fix, convert.one_model_load(
                         export.on_model, load_error=lambda err: load.load_error(model, config, err),
-                        before_save=export.before_save):
+                        before_save=export.before_save), calibrated:
                     raw_export(model, raw, task=VLM_TASK)
             except (ModelNotSupportedError, InvalidOptionsError, ExportValidationError):
                 raise
@@ -358,7 +432,8 @@ def run_vlm_export(model: str, output_dir, opts: ExportOptions, *, raw_export: C
             language = ov.Core().read_model(raw / LANGUAGE_XML)
             extra = {"fixes": [fix.record()]} if fix is not None else {}
             manifest = build_manifest(partitioning="shared", config=config, source=model, opts=opts, decoder=language,
-                                      files=files, quantization=quantization, graph_task=VLM_TASK, model_extra=extra)
+                                      files=files, quantization=quantization, calibration=calibration, graph_task=VLM_TASK,
+                                      model_extra=extra)
             del language
             manifest.task = VLM_SHARED_TASK
             manifest.graph["language_model"] = LANGUAGE_XML

@@ -316,7 +316,7 @@ def quantization_config_of(run_command) -> Any:
 
 
 @contextlib.contextmanager
-def both_stage_quantization(decode_steps: int, report: CalibrationReport, *, static=None):
+def both_stage_quantization(decode_steps: int, report: CalibrationReport, *, static=None, quantize=None):
     """While active, optimum-intel's data-aware quantization of a causal LM calibrates on both stages.
 
     Wraps `optimum.exporters.openvino.__main__.main_export` (a data-aware config exports the graph
@@ -329,6 +329,8 @@ def both_stage_quantization(decode_steps: int, report: CalibrationReport, *, sta
         report: filled with the per-stage sample counts.
         static: a static export's `StaticQuantization` plan: its config is kept for the static graph,
             which is calibrated on its own calls, instead of quantizing optimum-intel's dynamic graph.
+        quantize: `quantize(arguments, stateful)` in place of `quantize_both_stages`, given `_main_quantize`'s
+            arguments and whether a stateful graph was asked for (a vision-language model's: `visual.quantizer`).
     """
     requested: dict[str, bool] = {}
 
@@ -352,6 +354,8 @@ def both_stage_quantization(decode_steps: int, report: CalibrationReport, *, sta
             return None
         if "stateful" not in requested or not data_aware:
             return proceed()
+        if quantize is not None:
+            return quantize(arguments, requested["stateful"])
         quantize_both_stages(
             arguments["model_name_or_path"], arguments["output"], arguments["quantization_config"],
             decode_steps=decode_steps, stateful=requested["stateful"], report=report,

@@ -227,25 +227,34 @@ def _prepared_config(model, quantization_config: Any, model_name_or_path: str):
     return model._preprocess_quantization_config(config, model_name_or_path)
 
 
-def _apply_calibrated(model, config, samples, *, model_name_or_path: str, trust_remote_code: bool, **save) -> None:
+def _apply_calibrated(model, config, samples, *, model_name_or_path: str, trust_remote_code: bool,
+                      submodel: str | None = None, **save) -> None:
     """optimum-intel's quantization of `model.model` with NNCF, on `samples` (every one of them, with
-    this package's activation range estimator); `save` is `_apply_quantization`'s saving arguments."""
+    this package's activation range estimator); `submodel`: the name of the graph of a model of several the
+    samples are of (`"lm_model"`: a vision-language model's language model); `save` is `_apply_quantization`'s
+    saving arguments."""
     from optimum.intel.openvino.quantization import OVCalibrationDataset
 
+    dataset = samples.nncf_dataset()
     model._apply_quantization(
         _with_activation_range(_with_num_samples(config, len(samples)), ACTIVATION_RANGE_ESTIMATOR),
         compile_only=False, compile_model=False, model_name_or_path=model_name_or_path,
-        trust_remote_code=trust_remote_code, calibration_dataset=OVCalibrationDataset(samples.nncf_dataset()), **save,
+        trust_remote_code=trust_remote_code,
+        calibration_dataset=OVCalibrationDataset({submodel: dataset} if submodel else dataset), **save,
     )
 
 
-def make_stateful(xml: Path, model_config) -> None:
-    """Turn the stateless graph at `xml` stateful in place with optimum-intel's `patch_stateful`."""
+def make_stateful(xml: Path, model_config, shapes: dict | None = None) -> None:
+    """Turn the stateless graph at `xml` stateful in place with optimum-intel's `patch_stateful`; `shapes`: its
+    inputs' shapes as exported, given back first (optimum-intel's loader makes every dimension dynamic, and
+    `patch_stateful` builds each state's initial value from its input's shape)."""
     import openvino as ov
     from optimum.exporters.openvino.stateful import patch_stateful
 
     core = ov.Core()
     ov_model = core.read_model(xml)
+    if shapes:
+        ov_model.reshape(shapes)
     patch_stateful(model_config, ov_model)
     tmp = xml.with_name(".stateful-" + xml.name)
     ov.save_model(ov_model, tmp, compress_to_fp16=False)

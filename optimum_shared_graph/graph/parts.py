@@ -110,7 +110,7 @@ def _late_order(ops: list, free: set[int]) -> list:
         if op.get_type_name() == "ReadValue" or (sources and any(_key(s) in floating for s in sources) and all(
                 _key(s) in floating or _key(s) in free or s.get_type_name() == "Parameter" for s in sources)):
             floating.add(_key(op))
-    when = {}
+    when, for_state = {}, set()
     for op in reversed(ops):
         if _key(op) not in floating:
             when[_key(op)] = pos[_key(op)]
@@ -118,6 +118,17 @@ def _late_order(ops: list, free: set[int]) -> list:
         users = [when.get(_key(t.get_node()), pos.get(_key(t.get_node()))) for out in op.outputs() for t in out.get_target_inputs()]
         users = [u for u in users if u is not None]
         when[_key(op)] = min(users) if users else pos[_key(op)]
+    # what only a state's Assign reads (Qwen3.5's gated-delta-net state: a Reshape of the recurrent loop's output)
+    # comes after the whole graph in OpenVINO's order; it sits just after what it is computed from, so the state's
+    # span ends in the layer that computes it, not past every later layer
+    for op in reversed(ops):
+        users = [t.get_node() for out in op.outputs() for t in out.get_target_inputs()]
+        if users and all(u.get_type_name() == "Assign" or _key(u) in for_state for u in users):
+            for_state.add(_key(op))
+    for op in ops:  # topological: its sources' places are known
+        if _key(op) in for_state:
+            sources = [when[_key(s)] for s in (inp.get_source_output().get_node() for inp in op.inputs()) if _key(s) in when]
+            when[_key(op)] = max(sources, default=when[_key(op)])
     return sorted(ops, key=lambda op: (when[_key(op)], _key(op) not in floating, pos[_key(op)]))
 
 

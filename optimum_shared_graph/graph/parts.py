@@ -214,7 +214,8 @@ def plan_parts(model, max_part_bytes: int) -> PartPlan:
         running += delta[p]
         crossing[p] = running
     blocked = [False] * (n + 1)
-    for start, stop in g.state_spans():
+    spans = g.state_spans()
+    for start, stop in spans:
         for p in range(start + 1, stop + 1):
             blocked[p] = True
     # cut only where the fewest values cross (decoder-layer boundaries: the residual stream), as late as keeps
@@ -227,7 +228,15 @@ def plan_parts(model, max_part_bytes: int) -> PartPlan:
     # reads that depend on the state, such as the past length): the first and last operations cross fewer
     middle = [crossing[p] for p in inner if n // 4 <= p <= 3 * n // 4]
     fewest = min(middle or [crossing[p] for p in inner] or [0])
-    good = [p for p in inner if crossing[p] <= fewest]
+    # or the fewest within about half a decoder layer's operations either side (`reach`, from the number of states):
+    # a value computed in one layer and read in a much later one crosses every boundary between (the MoE layers'
+    # shared reshape targets, a mask computed from the state at Qwen3.5's first full-attention layer and read at the
+    # next), so those boundaries cross more than the graph's fewest; counted against the whole graph, they were no
+    # place to cut, and one part ran from the first such value to its last reader (262 MB of a 455 MB graph)
+    reach = max(1, n // max(1, 2 * len(spans)))
+    inner_set = set(inner)
+    around = [crossing[p] if p in inner_set else n for p in range(n + 1)]
+    good = [p for p in inner if crossing[p] <= fewest or crossing[p] <= min(around[max(0, p - reach):p + reach + 1])]
     cuts, start = [], 0
     while prefix[n] - prefix[start] > max_part_bytes:
         later = [p for p in good if p > start and prefix[p] > prefix[start]]

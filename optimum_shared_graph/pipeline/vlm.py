@@ -195,7 +195,8 @@ def validate_parts(directory: Path, reference: Reference, weight_format: str | N
     prompt[reference.input_ids == config.image_token_id] = image
     embeds = [prompt] + [embed(np.array([[token]])) for token in reference.tokens[: len(reference.calls) - 1]]
     vision["max_abs_diff_merged_prompt"] = float(np.max(np.abs(prompt - reference.calls[0]["inputs_embeds"])))
-    del parts, text_model, embed  # the vision and text embeddings graphs are freed before the language model compiles
+    del parts  # the vision and text embeddings graphs are freed before the language model compiles
+    text_model = embed = None
     feeds = [{**{k: v for k, v in call.items() if k not in ("inputs_embeds", "logits")},
               "inputs_embeds": inputs_embeds, "beam_idx": np.zeros(inputs_embeds.shape[0], dtype=np.int32)}
              for call, inputs_embeds in zip(reference.calls, embeds)]

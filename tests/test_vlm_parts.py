@@ -116,6 +116,19 @@ def test_a_broken_gemma3_decode_still_fails_in_parts(in_parts, tmp_path, monkeyp
         validate_parts(broken, reference, None)
 
 
+def test_not_enough_memory_for_one_part_is_refused_before_any_work(tmp_path, monkeypatch):
+    """As for text-generation-shared: the language model's smallest part is compared with the memory available at the
+    first stage, before the model is loaded (here no weights exist to load)."""
+    from optimum_shared_graph import NotEnoughMemoryError
+    from optimum_shared_graph.testing import tiny_multimodal_config
+
+    tiny_multimodal_config("qwen3_5_moe").save_pretrained(tmp_path / "config-only")
+    monkeypatch.setenv(memory.MEMORY_ENV, str(100 * 2**20))
+    with pytest.raises(NotEnoughMemoryError, match=r"^validating this export needs at least .* 0\.1 GiB available"):
+        osg.export(str(tmp_path / "config-only"), tmp_path / "out", task=TASK, quiet=True)
+    assert not (tmp_path / "out").exists()
+
+
 # Runs an export with transformers' model loading counted (not changed), and at each compile of the language model
 # (whole, or a part of it) how many of the loaded PyTorch models are still alive.
 _WATCHED_EXPORT = """

@@ -78,8 +78,8 @@ def _check_same_as_whole(path, out, parts, monkeypatch):
         assert parts[key] == pytest.approx(whole[key], abs=1e-5), key
 
 
-# the export (optimum-intel's conversion of five graphs, the capture), then the whole graph once: 80 s wall on the
-# shared machine (load average 9 on its 2 cores); the default run of this file took 53 s of CPU time
+# the export (optimum-intel's conversion of five graphs, the capture), then the whole graph once: 38 s at a load
+# average of 3 on this 2-core machine, 80 s at 9 (the file's default run: 41 s of tests, 47 s of CPU time in all)
 def test_qwen3_5_moe_in_parts_gives_the_whole_graphs_report(in_parts, monkeypatch):
     """The (4, batch, seq) M-RoPE positions and the gated-delta-net and attention states, in parts: the export
     records how it ran, and its report is the whole graph's."""

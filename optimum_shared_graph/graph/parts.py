@@ -13,10 +13,12 @@ one part's weights.
 Where the graph is cut: at positions of the graph's topological order between two operations, chosen so that
 
 * each part's weights (the constants its operations read) stay under `max_part_bytes` where one layer allows;
-* no state is split: a `ReadValue` and the operation that computes its `Assign`'s value are in one part;
+* no state is split: a `ReadValue` and the operation that computes its `Assign`'s value are in one part (what only
+  an `Assign` reads placed just after what it is computed from, so the span stays within its layer);
 * only where the fewest values cross (decoder-layer boundaries, where the residual stream is all that crosses:
   what every layer reads from the graph's inputs, such as the mask and the rotary tables, is computed again in
-  each part), as late as keeps the part under the bound.
+  each part; the fewest in the whole graph, or within about half a layer either side where a value read layers
+  after it is computed crosses every boundary between), as late as keeps the part under the bound.
 
 A value computed in an earlier part and read in a later one becomes an output of the first and a `Parameter`
 of the second, named `cut.<index>`; the graph's own inputs are fed to every part that reads them. Constants,

@@ -13,10 +13,12 @@ one part's weights.
 Where the graph is cut: at positions of the graph's topological order between two operations, chosen so that
 
 * each part's weights (the constants its operations read) stay under `max_part_bytes` where one layer allows;
-* no state is split: a `ReadValue` and the operation that computes its `Assign`'s value are in one part;
+* no state is split: a `ReadValue` and the operation that computes its `Assign`'s value are in one part (what only
+  an `Assign` reads placed just after what it is computed from, so the span stays within its layer);
 * only where the fewest values cross (decoder-layer boundaries, where the residual stream is all that crosses:
   what every layer reads from the graph's inputs, such as the mask and the rotary tables, is computed again in
-  each part), as late as keeps the part under the bound.
+  each part; the fewest in the whole graph, or within about half a layer either side where a value read layers
+  after it is computed crosses every boundary between), as late as keeps the part under the bound.
 
 A value computed in an earlier part and read in a later one becomes an output of the first and a `Parameter`
 of the second, named `cut.<index>`; the graph's own inputs are fed to every part that reads them. Constants,
@@ -110,7 +112,7 @@ def _late_order(ops: list, free: set[int]) -> list:
         if op.get_type_name() == "ReadValue" or (sources and any(_key(s) in floating for s in sources) and all(
                 _key(s) in floating or _key(s) in free or s.get_type_name() == "Parameter" for s in sources)):
             floating.add(_key(op))
-    when = {}
+    when, for_state = {}, set()
     for op in reversed(ops):
         if _key(op) not in floating:
             when[_key(op)] = pos[_key(op)]
@@ -118,6 +120,17 @@ def _late_order(ops: list, free: set[int]) -> list:
         users = [when.get(_key(t.get_node()), pos.get(_key(t.get_node()))) for out in op.outputs() for t in out.get_target_inputs()]
         users = [u for u in users if u is not None]
         when[_key(op)] = min(users) if users else pos[_key(op)]
+    # what only a state's Assign reads (Qwen3.5's gated-delta-net state: a Reshape of the recurrent loop's output)
+    # comes after the whole graph in OpenVINO's order; it sits just after what it is computed from, so the state's
+    # span ends in the layer that computes it, not past every later layer
+    for op in reversed(ops):
+        users = [t.get_node() for out in op.outputs() for t in out.get_target_inputs()]
+        if users and all(u.get_type_name() == "Assign" or _key(u) in for_state for u in users):
+            for_state.add(_key(op))
+    for op in ops:  # topological: its sources' places are known
+        if _key(op) in for_state:
+            sources = [when[_key(s)] for s in (inp.get_source_output().get_node() for inp in op.inputs()) if _key(s) in when]
+            when[_key(op)] = max(sources, default=when[_key(op)])
     return sorted(ops, key=lambda op: (when[_key(op)], _key(op) not in floating, pos[_key(op)]))
 
 
@@ -203,7 +216,8 @@ def plan_parts(model, max_part_bytes: int) -> PartPlan:
         running += delta[p]
         crossing[p] = running
     blocked = [False] * (n + 1)
-    for start, stop in g.state_spans():
+    spans = g.state_spans()
+    for start, stop in spans:
         for p in range(start + 1, stop + 1):
             blocked[p] = True
     # cut only where the fewest values cross (decoder-layer boundaries: the residual stream), as late as keeps
@@ -216,7 +230,15 @@ def plan_parts(model, max_part_bytes: int) -> PartPlan:
     # reads that depend on the state, such as the past length): the first and last operations cross fewer
     middle = [crossing[p] for p in inner if n // 4 <= p <= 3 * n // 4]
     fewest = min(middle or [crossing[p] for p in inner] or [0])
-    good = [p for p in inner if crossing[p] <= fewest]
+    # or the fewest within about half a decoder layer's operations either side (`reach`, from the number of states):
+    # a value computed in one layer and read in a much later one crosses every boundary between (the MoE layers'
+    # shared reshape targets, a mask computed from the state at Qwen3.5's first full-attention layer and read at the
+    # next), so those boundaries cross more than the graph's fewest; counted against the whole graph, they were no
+    # place to cut, and one part ran from the first such value to its last reader (262 MB of a 455 MB graph)
+    reach = max(1, n // max(1, 2 * len(spans)))
+    inner_set = set(inner)
+    around = [crossing[p] if p in inner_set else n for p in range(n + 1)]
+    good = [p for p in inner if crossing[p] <= fewest or crossing[p] <= min(around[max(0, p - reach):p + reach + 1])]
     cuts, start = [], 0
     while prefix[n] - prefix[start] > max_part_bytes:
         later = [p for p in good if p > start and prefix[p] > prefix[start]]

@@ -120,32 +120,41 @@ def _last_logits_whole(ov_model, capture: Capture, session_class) -> list[np.nda
 
 
 def _last_logits_in_parts(ov_model, capture: Capture, plan: PartPlan, model_type: str | None) -> list[np.ndarray]:
-    """Each call's last-position logits, from the graph run in consecutive parts: part k compiled, fed every
-    call in order (its own state carried from call to call), the values later parts read kept (a few
-    activations per call), then freed."""
+    """Each call's last-position logits, from the graph run in consecutive parts (`run_in_parts`)."""
+    feeds = GraphSession.feeds_only(ov_model, model_type=model_type)
+    values = [feeds.feed(ids, mask) for ids, mask in _teacher_forced(capture)]
+    return [call["logits"][:, -1, :].astype(np.float32) for call in run_in_parts(ov_model, values, plan)]
+
+
+def run_in_parts(ov_model, values: list[dict[str, np.ndarray]], plan: PartPlan) -> list[dict[str, np.ndarray]]:
+    """Run `ov_model` in the consecutive parts of `plan` on the calls `values` (each the graph's inputs by name, in
+    order from the prefill): part k compiled, fed every call in order (its own state carried from call to call),
+    the values later parts read kept (a few activations per call), then freed. Returns `values`, each call with
+    the graph's outputs added by name (`logits`). What both tasks' validation runs in parts: text-generation-shared
+    feeds the token ids, image-text-to-text-shared the language model's `inputs_embeds`."""
     import openvino as ov
 
     from .convert import return_freed_memory
 
-    feeds = GraphSession.feeds_only(ov_model, model_type=model_type)
-    values = [feeds.feed(ids, mask) for ids, mask in _teacher_forced(capture)]
     core = ov.Core()
     steps = bar(f"validation: {len(values)} calls x {plan.count} parts", total=len(values) * plan.count, unit="call")
     for part in build_parts(ov_model.clone(), plan):
+        # the part's own names, by position: the compiled model can give a cut's tensor the names of the value it
+        # was computed from as well (Qwen3.5's first operations), and any one of them as `get_any_name()`
+        inputs = [port.get_any_name() for port in part.inputs]
+        outputs = [port.get_any_name() for port in part.outputs]
         compiled = core.compile_model(part, "CPU", EXACT_CONFIG)
         request = compiled.create_infer_request()
         request.reset_state()
-        inputs = [port.get_any_name() for port in compiled.inputs]
-        outputs = [port.get_any_name() for port in compiled.outputs]
         for call in values:
-            request.infer({name: call[name] for name in inputs})
-            for name in outputs:
-                call[name] = request.get_tensor(name).data.copy()
+            request.infer({i: call[name] for i, name in enumerate(inputs)})
+            for i, name in enumerate(outputs):
+                call[name] = request.get_output_tensor(i).data.copy()
             steps.update()
         del request, compiled, part
         return_freed_memory()
     steps.close()
-    return [call["logits"][:, -1, :].astype(np.float32) for call in values]
+    return values
 
 
 def validate_export(ov_model, capture, config, opts, manifest) -> tuple[dict, Reference | None]:

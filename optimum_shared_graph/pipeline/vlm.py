@@ -57,7 +57,7 @@ from ..manifest import MANIFEST_NAME, Manifest, build_manifest
 from ..options import ExportOptions
 from ..registration import register_tasks
 from ..tasks import VLM_SHARED_TASK, VLM_TASK
-from . import convert, load, write
+from . import convert, load, memory, write
 
 from .vlm_families import FAMILIES, family_of
 
@@ -200,18 +200,12 @@ def validate_parts(directory: Path, reference: Reference, weight_format: str | N
     prompt[reference.input_ids == config.image_token_id] = image
     embeds = [prompt] + [embed(np.array([[token]])) for token in reference.tokens[: len(reference.calls) - 1]]
     vision["max_abs_diff_merged_prompt"] = float(np.max(np.abs(prompt - reference.calls[0]["inputs_embeds"])))
-    del parts
-    compiled = core.compile_model(directory / LANGUAGE_XML, "CPU", EXACT_CONFIG)
-    request = compiled.create_infer_request()
-    request.reset_state()
-    names = {port.get_any_name() for port in compiled.inputs}
-    outputs = []
-    for call, inputs_embeds in zip(reference.calls, embeds):
-        feed = {**{k: v for k, v in call.items() if k not in ("inputs_embeds", "logits")},
-                "inputs_embeds": inputs_embeds, "beam_idx": np.zeros(inputs_embeds.shape[0], dtype=np.int32)}
-        request.infer({k: v for k, v in feed.items() if k in names})
-        outputs.append(request.get_tensor("logits").data[:, -1, :].astype(np.float32).copy())
-    del request, compiled
+    del parts  # the vision and text embeddings graphs are freed before the language model compiles
+    text_model = embed = None
+    feeds = [{**{k: v for k, v in call.items() if k not in ("inputs_embeds", "logits")},
+              "inputs_embeds": inputs_embeds, "beam_idx": np.zeros(inputs_embeds.shape[0], dtype=np.int32)}
+             for call, inputs_embeds in zip(reference.calls, embeds)]
+    outputs, run = language_model_logits(directory / LANGUAGE_XML, feeds)
     logits = [call["logits"] for call in reference.calls]
     tolerance = scaled_tolerance(fmt, logits) if enforced else None
     judged, why = judge_logits(outputs, logits, tolerance)
@@ -224,7 +218,7 @@ def validate_parts(directory: Path, reference: Reference, weight_format: str | N
                f"(tolerance {RELATIVE_TOLERANCE[fmt] * scale:.2e})")
     report = {
         "compile_config": dict(EXACT_CONFIG),
-        "run": {"mode": "whole", "parts": 1, "image": family.describe_image(reference.inputs)},
+        "run": {**run, "image": family.describe_image(reference.inputs)},
         "prompt_tokens": int(reference.input_ids.shape[1]),
         "decode_steps": len(reference.calls) - 1,
         **judged,
@@ -240,6 +234,38 @@ def validate_parts(directory: Path, reference: Reference, weight_format: str | N
             f"text prompt: {why}; nothing was written (report the model, or pass --skip-validation to keep an "
             "unchecked artifact)", report=report)
     return report
+
+
+def language_model_logits(xml: Path, feeds: list[dict[str, np.ndarray]], memory=None) -> tuple[list[np.ndarray], dict]:
+    """The language model graph `xml` on the calls `feeds` (its inputs by name, from the prefill): each call's
+    last-position logits, and how it ran. As text-generation-shared's validation runs its graph
+    (`validate.graph_outputs`): compiled whole where it fits, else in consecutive parts cut at decoder-layer
+    boundaries, one part's weights compiled at a time (`memory.validation_parts` decides, from `memory` or the
+    memory available now)."""
+    import openvino as ov
+
+    from ..runtimes.session import EXACT_CONFIG
+    from .convert import return_freed_memory
+    from .memory import validation_parts
+    from .validate import run_in_parts
+
+    return_freed_memory()  # what the vision parts held, before the memory available is read
+    core = ov.Core()
+    graph = core.read_model(xml)
+    plan = validation_parts(graph, memory)
+    if plan is not None and plan.count > 1:
+        values = run_in_parts(graph, feeds, plan)
+        return [call["logits"][:, -1, :].astype(np.float32) for call in values], {"mode": "parts", **plan.to_dict()}
+    compiled = core.compile_model(graph, "CPU", EXACT_CONFIG)
+    request = compiled.create_infer_request()
+    request.reset_state()
+    names = {port.get_any_name() for port in compiled.inputs}
+    outputs = []
+    for feed in feeds:
+        request.infer({k: v for k, v in feed.items() if k in names})
+        outputs.append(request.get_tensor("logits").data[:, -1, :].astype(np.float32).copy())
+    del request, compiled
+    return outputs, {"mode": "whole", "parts": 1}
 
 
 def _compressed_weights(xml: Path) -> str | None:
@@ -398,6 +424,8 @@ def run_vlm_export(model: str, output_dir, opts: ExportOptions, *, raw_export: C
             from ..quantization import visual
 
             calibrated = visual.dataset_unused()
+        if not opts.skip_validation:  # even the language model's smallest part cannot fit: stop before any work
+            memory.check_fits(config, weight_format)
         export = _VlmExport(opts, source=model)
         with convert.staging(output) as staging:
             raw = staging / "raw"

@@ -313,6 +313,22 @@ WHOLE_ONLY: dict[str, dict[str, Any]] = {
                                                            spatial_merge_size=2, temporal_patch_size=2, in_chans=3,
                                                            window_size=28, fullatt_block_indexes=[1],
                                                            tokens_per_second=2), tie=True),
+    # Qwen/Qwen3-VL-8B-Instruct: a 27-block vision transformer of width 1152 (16 heads, MLP 4304, patches of 16, 2 x 2
+    # merge, 2 frames per temporal patch, a learned 48 x 48 position grid), whose blocks 8, 16 and 24 also feed the
+    # text model's first layers through their own mergers (deepstack_visual_indexes); a qwen3_vl_text model with
+    # interleaved M-RoPE, its own head. Here two blocks, the first a deepstack one, an 8 x 8 position grid.
+    "qwen3_vl": dict(text="qwen3_vl_text", vision=dict(depth=2, hidden_size=32, intermediate_size=64, num_heads=2,
+                                                       out_hidden_size=64, num_position_embeddings=64, patch_size=16,
+                                                       spatial_merge_size=2, temporal_patch_size=2,
+                                                       deepstack_visual_indexes=[0]), tie=False),
+    # google/gemma-4-*: a vision tower of its own (Gemma4VisionModel: patches of 16 with 2D positions, pooled 3 x 3
+    # into one image token each) whose output `embed_vision` projects into the text width; the text model of
+    # `gemma4_text` (shaped like gemma-4-E2B's: per-layer input embeddings, KV sharing, sliding and full layers,
+    # logits capped at 30), head tied. No audio tower (`audio_config` null): optimum-intel's image-text-to-text export
+    # has no audio part.
+    "gemma4": dict(text="gemma4_text", vision=dict(model_type="gemma4_vision", hidden_size=32, intermediate_size=64,
+                                                   num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=2,
+                                                   head_dim=16, patch_size=16, pooling_kernel_size=3), tie=True),
 }
 
 # Types whose published config.json is flat (transformers 4.x's layout: the text model's keys at the top level, its
@@ -989,6 +1005,61 @@ _QWEN2_VL = dict(
 )
 VLM_PROCESSORS["qwen2_vl"] = dict(_QWEN2_VL, processor_class="Qwen2VLProcessor")
 VLM_PROCESSORS["qwen2_5_vl"] = dict(_QWEN2_VL, processor_class="Qwen2_5_VLProcessor")
+
+
+# Qwen/Qwen3-VL-8B-Instruct: the processor of Qwen3.5's (`_QWEN_VL`: Qwen3VLProcessor, Qwen2VLImageProcessor with
+# patches of 16, 2 x 2 merge, mean and std 0.5, and the tiny pixel bounds: a 64 x 64 image is 4 image tokens); the
+# text rotary interleaved over all of the head's 16 frequencies in sections [6, 5, 5] (the release's [24, 20, 20] of
+# 64), rope_theta 56 as `_QWEN_VL_ROTARY` (the release's 5e6 on 128 dimensions).
+VLM_PROCESSORS["qwen3_vl"] = dict(_QWEN_VL, text=dict(head_dim=32, rope_parameters={
+    "rope_type": "default", "rope_theta": 56.0, "mrope_section": [6, 5, 5], "mrope_interleaved": True}))
+
+
+# Gemma 4's chat template reduced to a user turn with images and text: `<|turn>user\n...<turn|>\n<|turn>model\n`, an
+# image `<|image|>`, which the processor expands to `<|image>`, one `<|image|>` per image token and `<image|>`. The
+# token names are those of transformers 5.5's Gemma4Processor attributes (boi, eoi, image, audio tokens; `<|video|>`
+# it adds itself); the released tokenizer's ids and full template were not available here (no hub access).
+_GEMMA4_CHAT_TEMPLATE = (
+    "{{ bos_token }}{%- for message in messages -%}"
+    "{%- if message['role'] == 'assistant' -%}{%- set role = 'model' -%}{%- else -%}{%- set role = message['role'] -%}"
+    "{%- endif -%}{{ '<|turn>' + role + '\n' }}"
+    "{%- if message['content'] is string -%}{{ message['content'] | trim }}{%- else -%}"
+    "{%- for item in message['content'] -%}{%- if item['type'] == 'image' -%}{{ '<|image|>' }}"
+    "{%- elif item['type'] == 'text' -%}{{ item['text'] | trim }}{%- endif -%}{%- endfor -%}{%- endif -%}"
+    "{{ '<turn|>\n' }}{%- endfor -%}{%- if add_generation_prompt -%}{{ '<|turn>model\n' }}{%- endif -%}"
+)
+
+
+def _gemma4_processor(spec: dict[str, Any], tokenizer: Any, out_dir: Path) -> Any:
+    """Gemma 4's processor as transformers 5.5's `Gemma4Processor.save_pretrained` writes it (processor_config.json
+    with the image, video and audio processors' settings; the tokenizer; chat_template.jinja)."""
+    from transformers.models.gemma4 import Gemma4ImageProcessor, Gemma4Processor
+    from transformers.models.gemma4.feature_extraction_gemma4 import Gemma4AudioFeatureExtractor
+    from transformers.models.gemma4.video_processing_gemma4 import Gemma4VideoProcessor
+
+    processor = Gemma4Processor(feature_extractor=Gemma4AudioFeatureExtractor(),
+                                image_processor=Gemma4ImageProcessor(**spec["image_processor"]), tokenizer=tokenizer,
+                                video_processor=Gemma4VideoProcessor(), chat_template=spec["chat_template"],
+                                image_seq_length=spec["image_processor"]["max_soft_tokens"])
+    processor.save_pretrained(str(out_dir))
+    return processor
+
+
+# Gemma 4: its image processor's defaults (patches of 16, pooled 3 x 3, pixels rescaled to [0, 1] and not
+# normalised) but for max_soft_tokens, 70 (the smallest it takes; 280 by default): an image is resized to at most
+# 630 patches, 24 x 24 for a square one (64 image tokens), padded to 630. The image token ids are the tiny
+# tokenizer's (the config keys of Gemma4Config).
+VLM_PROCESSORS["gemma4"] = dict(
+    specials=["<pad>", "<s>", "</s>", "<|turn>", "<turn|>", "<|image>", "<image|>", "<|image|>", "<|video|>",
+              "<|audio|>", "<|audio>", "<audio|>"],
+    tokens=dict(extra_special_tokens=dict(boi_token="<|image>", eoi_token="<image|>", image_token="<|image|>",
+                                          audio_token="<|audio|>", boa_token="<|audio>", eoa_token="<audio|>")),
+    ids=dict(boi_token_id=5, eoi_token_id=6, image_token_id=7, video_token_id=8, audio_token_id=9, boa_token_id=10,
+             eoa_token_index=11),
+    image_processor=dict(patch_size=16, pooling_kernel_size=3, max_soft_tokens=70),
+    chat_template=_GEMMA4_CHAT_TEMPLATE,
+    build=_gemma4_processor,
+)
 
 
 def build_vlm_processor(model_type: str, out_dir: str | Path) -> Any:

@@ -54,7 +54,7 @@ from ..registration import register_tasks
 from ..tasks import VLM_SHARED_TASK, VLM_TASK
 from . import convert, load, write
 
-from .vlm_families import FAMILIES, family_of
+from .vlm_families import FAMILIES, family_of, not_exported_reason
 
 LANGUAGE_XML = "openvino_language_model.xml"
 TEXT_EMBEDDINGS_XML = "openvino_text_embeddings_model.xml"
@@ -141,7 +141,7 @@ def capture_reference(pt_model, new_tokens: int) -> Reference:
                       "inputs_embeds": kwargs["inputs_embeds"].detach().float().numpy().copy()})
 
     def after(module, args, output):
-        calls[-1]["logits"] = output[:, -1, :].detach().float().numpy().copy()
+        calls[-1]["logits"] = family.logits(output[:, -1, :], config).detach().float().numpy().copy()
 
     images: list[np.ndarray] = []
 
@@ -195,14 +195,21 @@ def validate_parts(directory: Path, reference: Reference, weight_format: str | N
     prompt[reference.input_ids == config.image_token_id] = image
     embeds = [prompt] + [embed(np.array([[token]])) for token in reference.tokens[: len(reference.calls) - 1]]
     vision["max_abs_diff_merged_prompt"] = float(np.max(np.abs(prompt - reference.calls[0]["inputs_embeds"])))
+    # inputs other graphs compute (Gemma 4's per-layer embeddings, Qwen3-VL's deepstack features): the OpenVINO ones
+    # are fed, their difference from PyTorch's judged as the image embeddings' (below)
+    ids = [reference.input_ids] + [np.array([[token]]) for token in reference.tokens[: len(reference.calls) - 1]]
+    computed = family.ov_call_inputs(parts, directory, ids, reference.inputs)
+    for name in sorted({k for c in computed for k in c if np.asarray(c[k]).dtype != bool}):
+        vision[f"max_abs_diff_{name}"] = float(max(np.max(np.abs(c[name] - call[name])) for c, call
+                                                   in zip(computed, reference.calls) if name in call and c[name].size))
     del parts
     compiled = core.compile_model(directory / LANGUAGE_XML, "CPU", EXACT_CONFIG)
     request = compiled.create_infer_request()
     request.reset_state()
     names = {port.get_any_name() for port in compiled.inputs}
     outputs = []
-    for call, inputs_embeds in zip(reference.calls, embeds):
-        feed = {**{k: v for k, v in call.items() if k not in ("inputs_embeds", "logits")},
+    for call, inputs_embeds, others in zip(reference.calls, embeds, computed):
+        feed = {**{k: v for k, v in call.items() if k not in ("inputs_embeds", "logits")}, **others,
                 "inputs_embeds": inputs_embeds, "beam_idx": np.zeros(inputs_embeds.shape[0], dtype=np.int32)}
         request.infer({k: v for k, v in feed.items() if k in names})
         outputs.append(request.get_tensor("logits").data[:, -1, :].astype(np.float32).copy())
@@ -217,6 +224,11 @@ def validate_parts(directory: Path, reference: Reference, weight_format: str | N
     if why is None and enforced and vision["max_abs_diff_image_embeds"] > RELATIVE_TOLERANCE[fmt] * scale:
         why = (f"the image embeddings differ by {vision['max_abs_diff_image_embeds']:.2e} "
                f"(tolerance {RELATIVE_TOLERANCE[fmt] * scale:.2e})")
+    for name in sorted({k for c in computed for k in c} & {k[len("max_abs_diff_"):] for k in vision}):
+        diff = vision[f"max_abs_diff_{name}"]
+        scale = max([1.0] + [float(np.max(np.abs(c[name]))) for c in reference.calls if name in c])
+        if why is None and enforced and diff > RELATIVE_TOLERANCE[fmt] * scale:
+            why = f"{name} differ by {diff:.2e} (tolerance {RELATIVE_TOLERANCE[fmt] * scale:.2e})"
     report = {
         "compile_config": dict(EXACT_CONFIG),
         "run": {"mode": "whole", "parts": 1, "image": family.describe_image(reference.inputs)},
@@ -320,8 +332,8 @@ def run_vlm_export(model: str, output_dir, opts: ExportOptions, *, raw_export: C
         model_type = getattr(config, "model_type", None)
         if model_type not in supported_vlm_types():
             raise ModelNotSupportedError(
-                f"{model_type} is not a model type --task {VLM_SHARED_TASK} exports (it exports "
-                f"{', '.join(supported_vlm_types())}); for a text-only export of its language model use "
+                f"{model_type} is not a model type --task {VLM_SHARED_TASK} exports: {not_exported_reason(model_type)} "
+                f"(it exports {', '.join(supported_vlm_types())}); for a text-only export of its language model use "
                 "--task text-generation-shared")
         weight_format = (quantization or {}).get("weight_format") or opts.weight_format
         export = _VlmExport(opts, source=model)

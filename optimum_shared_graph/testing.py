@@ -313,6 +313,17 @@ WHOLE_ONLY: dict[str, dict[str, Any]] = {
                                                            spatial_merge_size=2, temporal_patch_size=2, in_chans=3,
                                                            window_size=28, fullatt_block_indexes=[1],
                                                            tokens_per_second=2), tie=True),
+    # llava-hf/llava-v1.6-mistral-7b-hf: LLaVA-NeXT, the CLIP tower of llava-1.5's (336 x 336 crops, patches of 14,
+    # read at its second-to-last layer) run on a resized base image and on the crops of the image at the best of
+    # `image_grid_pinpoints` (336 x 672 ... 1008 x 336 there), the crops' features unpadded to the image's aspect with
+    # a learned `image_newline` after each row; a mistral text model with its own head. Here crops of 32 x 32
+    # (2 x 2 patches of 16) and pinpoints 32 x 64, 64 x 32, 64 x 64.
+    "llava_next": dict(text="mistral", vision=dict(model_type="clip_vision_model", hidden_size=32, intermediate_size=64,
+                                                   num_hidden_layers=2, num_attention_heads=2, image_size=32,
+                                                   patch_size=16, projection_dim=32),
+                       extra=dict(projector_hidden_act="gelu", vision_feature_layer=-2,
+                                  vision_feature_select_strategy="default", image_seq_length=4,
+                                  image_grid_pinpoints=[[32, 64], [64, 32], [64, 64]]), tie=False),
     # Qwen/Qwen3-VL-8B-Instruct: a 27-block vision transformer of width 1152 (16 heads, MLP 4304, patches of 16, 2 x 2
     # merge, 2 frames per temporal patch, a learned 48 x 48 position grid), whose blocks 8, 16 and 24 also feed the
     # text model's first layers through their own mergers (deepstack_visual_indexes); a qwen3_vl_text model with
@@ -352,6 +363,12 @@ def _flatten_config(path: Path) -> None:
 # renaming applied in reverse); the published checkpoints name it `model.visual.*`, which 5.5 loads the same.
 _PUBLISHED_NAMES = {"qwen3_5": [("model.language_model.visual.", "model.visual.")],
                     "qwen3_5_moe": [("model.language_model.visual.", "model.visual.")],
+                    # transformers 4.x's names, as llava-hf/llava-v1.6-mistral-7b-hf is published (5.5 saves
+                    # `model.language_model.model.*`, `model.vision_tower.*`, ...)
+                    "llava_next": [("model.language_model.model.", "language_model.model."),
+                                   ("model.vision_tower.", "vision_tower."),
+                                   ("model.multi_modal_projector.", "multi_modal_projector."),
+                                   ("model.image_newline", "image_newline")],
                     # transformers 4.x's names, as Qwen2-VL and Qwen2.5-VL are published
                     **{t: [("model.language_model.", "model."), ("model.visual.", "visual.")]
                        for t in ("qwen2_vl", "qwen2_5_vl")}}
@@ -1005,6 +1022,55 @@ _QWEN2_VL = dict(
 )
 VLM_PROCESSORS["qwen2_vl"] = dict(_QWEN2_VL, processor_class="Qwen2VLProcessor")
 VLM_PROCESSORS["qwen2_5_vl"] = dict(_QWEN2_VL, processor_class="Qwen2_5_VLProcessor")
+
+
+# llava-hf/llava-v1.6-mistral-7b-hf's chat template reduced to a user turn with images and text: `[INST] <image>\n...
+# [/INST]`, the processor expanding `<image>` to one token per feature of the base image and of the unpadded crops
+# (with their row ends).
+_LLAVA_NEXT_CHAT_TEMPLATE = (
+    "{% for message in messages %}{% if message['role'] == 'user' %}{{ '[INST] ' }}"
+    "{% for content in message['content'] | selectattr('type', 'equalto', 'image') %}{{ '<image>\n' }}{% endfor %}"
+    "{% for content in message['content'] | selectattr('type', 'equalto', 'text') %}{{ content['text'] }}{% endfor %}"
+    "{{ ' [/INST]' }}{% else %}{% for content in message['content'] | selectattr('type', 'equalto', 'text') %}"
+    "{{ ' ' + content['text'] + eos_token }}{% endfor %}{% endif %}{% endfor %}"
+)
+
+
+def _llava_next_processor(spec: dict[str, Any], tokenizer: Any, out_dir: Path) -> Any:
+    """llava-hf/llava-v1.6-mistral-7b-hf's processor: LlavaNextImageProcessor (preprocessor_config.json),
+    LlavaNextProcessor (processor_config.json)."""
+    from transformers import LlavaNextImageProcessor, LlavaNextProcessor
+
+    image = LlavaNextImageProcessor(**spec["image_processor"])
+    processor = LlavaNextProcessor(image_processor=image, tokenizer=tokenizer, chat_template=spec["chat_template"],
+                                   **spec["processor"])
+    image.save_pretrained(str(out_dir))
+    tokenizer.save_pretrained(str(out_dir))
+    path = out_dir / "preprocessor_config.json"
+    config = json.loads(path.read_text())
+    path.write_text(json.dumps(dict(sorted({**config, "processor_class": "LlavaNextProcessor"}.items())), indent=2)
+                    + "\n")
+    (out_dir / "processor_config.json").write_text(json.dumps(
+        {**spec["processor"], "processor_class": "LlavaNextProcessor"}, indent=2, sort_keys=True) + "\n")
+    return processor
+
+
+# llava-hf/llava-v1.6-mistral-7b-hf: `<image>` (image_token_index; the release's 32000), its preprocessor_config.json
+# (shortest edge and crops of 336, bicubic, padded to the best pinpoint, CLIP's mean and std) at the tiny tower's 32
+# and pinpoints: a 64 x 64 image is the 32 x 32 base image and 2 x 2 crops, 4 + 4 x (4 + 1) = 24 image tokens.
+VLM_PROCESSORS["llava_next"] = dict(
+    specials=["<pad>", "<s>", "</s>", "<image>", "[INST]", "[/INST]"],
+    tokens=dict(image_token="<image>"),
+    ids=dict(image_token_index=3),
+    image_processor=dict(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32}, do_center_crop=True,
+                         image_grid_pinpoints=[[32, 64], [64, 32], [64, 64]], do_pad=True, resample=3,
+                         image_mean=[0.48145466, 0.4578275, 0.40821073],
+                         image_std=[0.26862954, 0.26130258, 0.27577711]),
+    processor=dict(image_token="<image>", num_additional_image_tokens=1, patch_size=16,
+                   vision_feature_select_strategy="default"),
+    chat_template=_LLAVA_NEXT_CHAT_TEMPLATE,
+    build=_llava_next_processor,
+)
 
 
 # Qwen/Qwen3-VL-8B-Instruct: the processor of Qwen3.5's (`_QWEN_VL`: Qwen3VLProcessor, Qwen2VLImageProcessor with

@@ -1,5 +1,5 @@
 """`--task image-text-to-text-shared` (`pipeline/vlm.py`): the whole Qwen3.5, Gemma 3, LLaVA, Mistral 3, Qwen2-VL,
-Qwen2.5-VL, Qwen3-VL or Gemma 4 model in optimum-intel's VLM layout.
+Qwen2.5-VL, Qwen3-VL, Gemma 4 or LLaVA-NeXT model in optimum-intel's VLM layout.
 
 The checkpoints are laid out like the published ones, with their processor (`testing.build_tiny_multimodal(...,
 processor=True)`: image processor, tokenizer with the image tokens, chat template), so a real image (a small
@@ -33,7 +33,7 @@ NEW_TOKENS = 12
 # some tokens: PyTorch without `token_type_ids` (a causal mask over the image) gives other tokens (checked too).
 PROMPTS = {"qwen3_5": "hello", "qwen3_5_moe": "hello", "gemma3": "What is in the image?", "llava": "hello",
            "mistral3": "hello", "qwen2_vl": "hello", "qwen2_5_vl": "hello", "qwen3_vl": "hello",
-           "gemma4": "hello"}
+           "gemma4": "hello", "llava_next": "hello"}
 # The images' size: 64 x 64 (Qwen3.5: 4 x 4 patches of 16; the others resize it to their tower's size), but 56 x 56
 # for Qwen2-VL and Qwen2.5-VL, which their processor does not resize (4 x 4 patches of 14): their VLMPipeline resizes
 # a 64 x 64 image to 56 x 56 with its own bicubic filter, whose pixels differ from the processor's enough that the
@@ -52,7 +52,7 @@ _PLAIN_INPUTS = {"attention_mask": "[?,?]", "beam_idx": "[?]", "inputs_embeds": 
 _QWEN2_GRAPHS = [g for g in _QWEN_GRAPHS if "pos_model" not in g]
 GRAPHS = {"qwen3_5": _QWEN_GRAPHS, "qwen3_5_moe": _QWEN_GRAPHS, "gemma3": _PROJECTED_GRAPHS,
           "llava": _PROJECTED_GRAPHS, "mistral3": sorted(_PROJECTED_GRAPHS + ["openvino_multi_modal_projector_model.xml"]),
-          "qwen2_vl": _QWEN2_GRAPHS, "qwen2_5_vl": _QWEN2_GRAPHS, "qwen3_vl": _QWEN_GRAPHS,
+          "qwen2_vl": _QWEN2_GRAPHS, "qwen2_5_vl": _QWEN2_GRAPHS, "qwen3_vl": _QWEN_GRAPHS, "llava_next": _PROJECTED_GRAPHS,
           "gemma4": sorted(_PROJECTED_GRAPHS + ["openvino_text_embeddings_per_layer_model.xml"])}
 LANGUAGE_INPUTS = {"qwen3_5": _QWEN_INPUTS, "qwen3_5_moe": _QWEN_INPUTS,
                    "gemma3": {**_PLAIN_INPUTS, "token_type_ids": "[?,?]"}, "llava": _PLAIN_INPUTS,
@@ -60,15 +60,16 @@ LANGUAGE_INPUTS = {"qwen3_5": _QWEN_INPUTS, "qwen3_5_moe": _QWEN_INPUTS,
                    "qwen2_5_vl": {**_QWEN_INPUTS, "position_ids": "[3,?,?]"},
                    "qwen3_vl": {**_QWEN_INPUTS, "position_ids": "[3,?,?]", "visual_pos_masks": "[?,?]",
                                 "deepstack_visual_embeds": "[?,?,64]"},
-                   "gemma4": {**_PLAIN_INPUTS, "per_layer_inputs": "[?,?,?,16]"}}
+                   "gemma4": {**_PLAIN_INPUTS, "per_layer_inputs": "[?,?,?,16]"}, "llava_next": _PLAIN_INPUTS}
 FIXES = {"qwen3_5": "optimum_shared_graph.architectures.qwen3_5", "qwen3_5_moe": "optimum_shared_graph.architectures.qwen3_5",
          "gemma3": None, "llava": None, "mistral3": None, "qwen2_vl": "optimum_shared_graph.architectures.qwen2_vl",
          "qwen2_5_vl": "optimum_shared_graph.architectures.qwen2_vl", "qwen3_vl": "optimum_shared_graph.architectures.qwen2_vl",
-         "gemma4": "optimum_shared_graph.architectures.gemma4"}
+         "gemma4": "optimum_shared_graph.architectures.gemma4", "llava_next": None}
 # the types of the parametrised tests (all that --task image-text-to-text-shared exports)
-VLM_TYPES = ["qwen3_5", "qwen3_5_moe", "gemma3", "llava", "mistral3", "qwen2_vl", "qwen2_5_vl", "qwen3_vl", "gemma4"]
+VLM_TYPES = ["qwen3_5", "qwen3_5_moe", "gemma3", "llava", "mistral3", "qwen2_vl", "qwen2_5_vl", "qwen3_vl", "gemma4",
+             "llava_next"]
 IMAGE_TOKENS = {"qwen3_5": 4, "qwen3_5_moe": 4, "gemma3": 4, "llava": 16, "mistral3": 4, "qwen2_vl": 4, "qwen2_5_vl": 4,
-                "qwen3_vl": 4, "gemma4": 64}
+                "qwen3_vl": 4, "gemma4": 64, "llava_next": 24}
 
 
 @pytest.fixture(scope="module")
@@ -260,6 +261,52 @@ def test_image_prompt_greedy_parity_through_optimum(model_type, vlm):
             tokens, prefill = _optimum_generate(ov_model, enc)
         assert tokens == reference, kind
         assert np.max(np.abs(prefill - logits)) < 1e-4, kind
+
+
+@pytest.mark.slow  # the export of the tests above (the module's fixture), then about 10 s
+@pytest.mark.timeout(900)
+def test_llava_next_on_an_image_wider_than_tall(vlm):
+    """A 64 x 32 image (best pinpoint 32 x 64: a grid of 1 x 2 crops): VLMPipeline gives PyTorch's greedy tokens;
+    optimum-intel 2.2's OVModelForVisualCausalLM does not run it, as on its own export: its `pack_image_features`
+    (copied from transformers) takes `get_anyres_image_grid_shape`'s (height, width) as (width, height), so it
+    lays the crops out 2 x 1 and unpads them to other rows than the processor counted image tokens for. A square
+    grid is the same either way, which is why the export's check and the tests above use square images."""
+    from PIL import Image
+    from optimum.intel import OVModelForVisualCausalLM
+    from transformers import AutoModelForImageTextToText, AutoProcessor
+
+    import openvino as ov
+    import openvino_genai as ov_genai
+
+    path, out, _proc = vlm("llava_next")
+    processor = AutoProcessor.from_pretrained(path)
+    image = Image.fromarray((np.random.RandomState(0).rand(32, 64, 3) * 255).astype("uint8"))
+    text = processor.apply_chat_template([{"role": "user", "content": [{"type": "image"},
+                                                                       {"type": "text", "text": "hello"}]}],
+                                         add_generation_prompt=True)
+    enc = processor(images=image, text=text, return_tensors="pt")
+    assert enc["pixel_values"].shape[1] == 3 and enc["image_sizes"].tolist() == [[32, 64]]
+    model = AutoModelForImageTextToText.from_pretrained(path, dtype=torch.float32).eval()
+    generate = dict(max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, do_sample=False, pad_token_id=0)
+    with torch.no_grad():
+        reference = model.generate(**enc, **generate)[0, enc["input_ids"].shape[1]:].tolist()
+    pipe = ov_genai.VLMPipeline(str(out), "CPU", **EXACT)
+    config = ov_genai.GenerationConfig(max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, ignore_eos=True)
+    tokens = []
+
+    class Tokens(ov_genai.StreamerBase):
+        def write(self, token):
+            tokens.extend(token if isinstance(token, list) else [token])
+            return ov_genai.StreamingStatus.RUNNING
+
+        def end(self):
+            pass
+
+    pipe.generate("hello", images=[ov.Tensor(np.array(image))], generation_config=config, streamer=Tokens())
+    assert tokens == reference
+    ov_model = OVModelForVisualCausalLM.from_pretrained(out, ov_config=EXACT)
+    with pytest.raises(RuntimeError, match="Number of elements of source < number of ones in mask"):
+        ov_model.generate(**enc, **generate)
 
 
 @pytest.mark.parametrize("model_type, why", [
@@ -476,7 +523,7 @@ def _stored_reference_is_pytorchs(path, out, model_type):
 
 @pytest.mark.slow  # the export of the tests above (the module's fixture), then about 8 s
 @pytest.mark.timeout(900)
-@pytest.mark.parametrize("model_type", ["qwen3_5", "qwen3_5_moe", "qwen3_vl", "gemma4"])
+@pytest.mark.parametrize("model_type", ["qwen3_5", "qwen3_5_moe", "qwen3_vl", "gemma4", "llava_next"])
 def test_validate_through_the_vlm_consumers(model_type, vlm, tmp_path):
     """`validate()` of the artifact through optimum-vlm (OVModelForVisualCausalLM.generate(), teacher-forced) and
     genai-vlm (VLMPipeline, greedy) under f32 properties: exact; the same artifact with its language model's decode

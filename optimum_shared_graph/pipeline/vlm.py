@@ -150,8 +150,9 @@ def capture_reference(pt_model, new_tokens: int) -> Reference:
 
     hooks = [pt_model.register_forward_pre_hook(model_call, with_kwargs=True),
              language.register_forward_pre_hook(before, with_kwargs=True),
-             pt_model.lm_head.register_forward_hook(after),
-             pt_model.get_submodule(family.image_module).register_forward_hook(vision)]
+             pt_model.lm_head.register_forward_hook(after)]
+    if family.image_module:
+        hooks.append(pt_model.get_submodule(family.image_module).register_forward_hook(vision))
     try:
         with torch.no_grad():  # the vision tower runs inside generate(), under the float32 compute of a 16-bit model
             out = pt_model.generate(**inputs, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False,
@@ -161,6 +162,8 @@ def capture_reference(pt_model, new_tokens: int) -> Reference:
         for hook in hooks:
             hook.remove()
     prompt = inputs["input_ids"].shape[1]
+    if not family.image_module:  # the prefill's embeddings at the image tokens
+        images = [calls[0]["inputs_embeds"][inputs["input_ids"].numpy() == config.image_token_id]]
     return Reference(
         model_type=config.model_type, inputs={k: v.numpy() for k, v in inputs.items()},
         image_embeds=np.concatenate(images, axis=0), text_embeds=text, calls=calls, tokens=out[0, prompt:].tolist(),

@@ -8,7 +8,8 @@ language model graph fed what the OpenVINO parts computed. A `Family` says what 
 - `validation_inputs`: the validation image (seeded patches in the processor's output layout, so no processor is
   needed) and the prompt around it, built from the configuration's image token ids: what `generate()` is given;
 - `image_module` / `image_embeds`: the module whose output is the image embeddings the language model receives
-  (one row per image token), hooked at the prefill; `vision_modules`: held in float32 for the whole forward when a
+  (one row per image token), hooked at the prefill (none: they are the prefill's `inputs_embeds` at the image tokens,
+  for a family that packs them outside a module); `vision_modules`: held in float32 for the whole forward when a
   16-bit checkpoint is captured with float32 compute (`pipeline/reference.py`);
 - `call_inputs`: the language model graph's inputs of one call, other than `inputs_embeds` and `beam_idx`, from
   the model's call (`outer`, the `*ForConditionalGeneration` forward's keyword arguments) and its language model's
@@ -232,6 +233,55 @@ class _ProjectedImage(Family):
         return {"size": list(inputs["pixel_values"].shape[-2:])}
 
 
+class LLaVANext(_ProjectedImage):
+    """LLaVA-NeXT: the CLIP tower and projector run on each crop (the resized base image, then the crops of the image
+    at its best `image_grid_pinpoints` resolution); the crops' features are packed in Python, by the model as by
+    `OVModelForVisualCausalLM` (unpadded to the image's aspect, the learned `image_newline` after each row), so the
+    image embeddings are taken where the language model gets them: the prefill's `inputs_embeds` at the image
+    tokens. The validation image is at the size of the largest square pinpoint, which is its own best resolution
+    (nothing unpadded): optimum-intel 2.2's packing reads the crop grid's height as its width (transformers 5.5's
+    does not), which only a square grid leaves unchanged."""
+
+    model_types = ("llava_next",)
+    image_module = ""  # the prefill's embeddings at the image tokens
+
+    @staticmethod
+    def pinpoint(config) -> tuple[int, int]:
+        square = [tuple(p) for p in config.image_grid_pinpoints if p[0] == p[1]]
+        return max(square) if square else tuple(config.image_grid_pinpoints[0])
+
+    def image_tokens(self, config):
+        vision = config.vision_config
+        height, width = self.pinpoint(config)
+        patch, side = vision.patch_size, vision.image_size
+        base = (side // patch) ** 2 + (config.vision_feature_select_strategy == "full")
+        count = base + (height // patch) * (width // patch + 1)
+        return [config.image_token_id] * count, {config.image_token_id}
+
+    def validation_inputs(self, config, seed: int = 0) -> dict[str, Any]:
+        import torch
+
+        inputs = super().validation_inputs(config, seed)
+        height, width = self.pinpoint(config)
+        side = config.vision_config.image_size
+        crops = 1 + (height // side) * (width // side)
+        generator = torch.Generator().manual_seed(seed + 1)
+        return {**inputs, "pixel_values": torch.randn(1, crops, 3, side, side, generator=generator),
+                "image_sizes": torch.tensor([[height, width]])}
+
+    def ov_image_embeds(self, parts, inputs):
+        import torch
+
+        pixels = torch.from_numpy(inputs["pixel_values"])
+        crops = np.asarray(parts.get_vision_embeddings(pixels.reshape(-1, *pixels.shape[2:])), dtype=np.float32)
+        packed, _lengths = parts.pack_image_features([torch.from_numpy(crops)], torch.from_numpy(inputs["image_sizes"]),
+                                                     image_newline=torch.tensor(parts.config.image_newline))
+        return np.asarray(packed, dtype=np.float32).reshape(-1, crops.shape[-1])
+
+    def describe_image(self, inputs):
+        return {"size": inputs["image_sizes"][0].tolist(), "crops": int(inputs["pixel_values"].shape[1])}
+
+
 class Gemma3(_ProjectedImage):
     """Gemma 3: the SigLIP tower's patches pooled and projected to `mm_tokens_per_image` image tokens between
     `<start_of_image>` and `<end_of_image>`; the language model takes `token_type_ids` (1 at the image tokens), from
@@ -388,8 +438,8 @@ class Gemma4(Family):
         return [{"per_layer_inputs": model(ids)[0].astype(np.float32)} for ids in token_ids]
 
 
-FAMILIES: dict[str, Family] = {t: family for family in (Qwen3_5(), Qwen2VL(), Qwen3VL(), Gemma3(), LLaVA(), Mistral3(),
-                                                          Gemma4())
+FAMILIES: dict[str, Family] = {t: family for family in (Qwen3_5(), Qwen2VL(), Qwen3VL(), Gemma3(), LLaVA(), LLaVANext(),
+                                                          Mistral3(), Gemma4())
                                for t in family.model_types}
 
 
@@ -420,7 +470,6 @@ NOT_EXPORTED: dict[str, str] = {
                        "tried with the cap lifted",
     "llama4": "optimum-intel's Llama4OpenVINOConfig caps transformers at 4.57.6 (5.5.4 is installed); not tried with "
               "the cap lifted (--task text-generation-shared exports its language model)",
-    "llava_next": "not tried yet",
     "gemma3n": "not tried yet (an audio tower besides the vision one)",
     "qwen3_omni_moe": "not tried yet (an audio encoder and a speech talker besides the vision tower)",
     **{t: "a text model type (the language model of a vision-language type), not a vision-language checkpoint: "

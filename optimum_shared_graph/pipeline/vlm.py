@@ -129,7 +129,7 @@ def capture_reference(pt_model, new_tokens: int) -> Reference:
     config = pt_model.config
     family = family_of(config.model_type)
     inputs = validation_inputs(config)
-    language = pt_model.model.language_model
+    language = pt_model.get_submodule(family.language_module)
     calls: list[dict[str, np.ndarray]] = []
     outer: list[dict[str, Any]] = []
 

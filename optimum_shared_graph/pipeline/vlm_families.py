@@ -7,6 +7,7 @@ language model graph fed what the OpenVINO parts computed. A `Family` says what 
 
 - `validation_inputs`: the validation image (seeded patches in the processor's output layout, so no processor is
   needed) and the prompt around it, built from the configuration's image token ids: what `generate()` is given;
+- `language_module`: the text model, whose calls are recorded;
 - `image_module` / `image_embeds`: the module whose output is the image embeddings the language model receives
   (one row per image token), hooked at the prefill (none: they are the prefill's `inputs_embeds` at the image tokens,
   for a family that packs them outside a module); `vision_modules`: held in float32 for the whole forward when a
@@ -51,6 +52,7 @@ class Family:
     model_types: tuple[str, ...] = ()
     image_module = ""
     vision_modules: tuple[str, ...] = ()
+    language_module = "model.language_model"  # whose calls are recorded
 
     def validation_inputs(self, config, seed: int = 0) -> dict[str, Any]:
         raise NotImplementedError
@@ -462,10 +464,13 @@ NOT_EXPORTED: dict[str, str] = {
                         "installed); not tried with the cap lifted",
     "got_ocr2": "optimum-intel's GotOCR2OpenVINOConfig caps transformers at 4.57.6 (5.5.4 is installed); not tried "
                 "with the cap lifted",
-    "idefics3": "optimum-intel's Idefics3OpenVINOConfig caps transformers at 4.57.6 (5.5.4 is installed); not tried "
-                "with the cap lifted",
-    "smolvlm": "optimum-intel's SmolVLMOpenVINOConfig caps transformers at 4.57.6 (5.5.4 is installed); not tried "
-               "with the cap lifted",
+    "idefics3": "with optimum-intel's 4.57.6 cap lifted it exports, but its OVModelForVisualCausalLM computes the "
+                "vision patch positions by another formula than transformers 5.5.4 (h / n x (1 - 1e-6), not "
+                "min(h / n, 1 - 1e-6): one position lower for every patch row and column but the first), so the tiny checkpoint's image embeddings "
+                "differed from PyTorch's by 0.21 and the export's check refused it; GenAI 2026.4 has no VLMPipeline "
+                "for it ('Unsupported 'idefics3' VLM model type')",
+    "smolvlm": "optimum-intel's SmolVLMOpenVINOConfig caps transformers at 4.57.6 (5.5.4 is installed), and its "
+               "OVModelForVisualCausalLM class inherits idefics3's patch positions (see idefics3); not tried",
     "phi4_multimodal": "optimum-intel's Phi4MMOpenVINOConfig caps transformers at 4.53.3 (5.5.4 is installed); not "
                        "tried with the cap lifted",
     "llama4": "optimum-intel's Llama4OpenVINOConfig caps transformers at 4.57.6 (5.5.4 is installed); not tried with "

@@ -466,9 +466,9 @@ NOT_EXPORTED: dict[str, str] = {
                 "with the cap lifted",
     "idefics3": "with optimum-intel's 4.57.6 cap lifted it exports, but its OVModelForVisualCausalLM computes the "
                 "vision patch positions by another formula than transformers 5.5.4 (h / n x (1 - 1e-6), not "
-                "min(h / n, 1 - 1e-6): one position lower for every patch row and column but the first), so the tiny checkpoint's image embeddings "
-                "differed from PyTorch's by 0.21 and the export's check refused it; GenAI 2026.4 has no VLMPipeline "
-                "for it ('Unsupported 'idefics3' VLM model type')",
+                "min(h / n, 1 - 1e-6): one position lower for every patch row and column but the first), so the "
+                "tiny checkpoint's image embeddings differed from PyTorch's by 0.21 and the export's check refused "
+                "it; GenAI 2026.4 has no VLMPipeline for it ('Unsupported 'idefics3' VLM model type')",
     "smolvlm": "optimum-intel's SmolVLMOpenVINOConfig caps transformers at 4.57.6 (5.5.4 is installed), and its "
                "OVModelForVisualCausalLM class inherits idefics3's patch positions (see idefics3); not tried",
     "phi4_multimodal": "optimum-intel's Phi4MMOpenVINOConfig caps transformers at 4.53.3 (5.5.4 is installed); not "

@@ -315,7 +315,7 @@ def test_llava_next_on_an_image_wider_than_tall(vlm):
     ("qwen3_5_text", "a text model type (the language model of a vision-language type), not a vision-language "
                      "checkpoint: --task text-generation-shared"),
     ("llama", "optimum-intel's OVModelForVisualCausalLM has no class for it (not a vision-language type of its "
-              "image-text-to-text export)")])
+              "image-text-to-text export)")], ids=["llava_next_video", "qwen3_5_text", "llama"])
 def test_type_it_cannot_export_is_refused_before_any_work(model_type, why, tmp_path, capsys):
     """A type with no image-text-to-text-shared export: one line at stage 1 saying why (`vlm_families.NOT_EXPORTED`)
     and which types it exports, nothing written (optimum-cli's entry point run in this process: no fresh

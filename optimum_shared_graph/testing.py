@@ -324,10 +324,11 @@ WHOLE_ONLY: dict[str, dict[str, Any]] = {
                        extra=dict(projector_hidden_act="gelu", vision_feature_layer=-2,
                                   vision_feature_select_strategy="default", image_seq_length=4,
                                   image_grid_pinpoints=[[32, 64], [64, 32], [64, 64]]), tie=False),
-    # Qwen/Qwen3-VL-8B-Instruct: a 27-block vision transformer of width 1152 (16 heads, MLP 4304, patches of 16, 2 x 2
-    # merge, 2 frames per temporal patch, a learned 48 x 48 position grid), whose blocks 8, 16 and 24 also feed the
-    # text model's first layers through their own mergers (deepstack_visual_indexes); a qwen3_vl_text model with
-    # interleaved M-RoPE, its own head. Here two blocks, the first a deepstack one, an 8 x 8 position grid.
+    # Qwen3-VL as Qwen3VLConfig's defaults describe it: a 27-block vision transformer of width 1152 (16 heads, MLP
+    # 4304, patches of 16, 2 x 2 merge, 2 frames per temporal patch, a learned 48 x 48 position grid), whose blocks 8,
+    # 16 and 24 also feed the text model's first layers through their own mergers (deepstack_visual_indexes); a
+    # qwen3_vl_text model with interleaved M-RoPE, its own head (tie_word_embeddings false). Here two blocks, the
+    # first a deepstack one, an 8 x 8 position grid.
     "qwen3_vl": dict(text="qwen3_vl_text", vision=dict(depth=2, hidden_size=32, intermediate_size=64, num_heads=2,
                                                        out_hidden_size=64, num_position_embeddings=64, patch_size=16,
                                                        spatial_merge_size=2, temporal_patch_size=2,
@@ -1073,7 +1074,7 @@ VLM_PROCESSORS["llava_next"] = dict(
 )
 
 
-# Qwen/Qwen3-VL-8B-Instruct: the processor of Qwen3.5's (`_QWEN_VL`: Qwen3VLProcessor, Qwen2VLImageProcessor with
+# Qwen3-VL: the processor of Qwen3.5's (`_QWEN_VL`: Qwen3VLProcessor, Qwen2VLImageProcessor with
 # patches of 16, 2 x 2 merge, mean and std 0.5, and the tiny pixel bounds: a 64 x 64 image is 4 image tokens); the
 # text rotary interleaved over all of the head's 16 frequencies in sections [6, 5, 5] (the release's [24, 20, 20] of
 # 64), rope_theta 56 as `_QWEN_VL_ROTARY` (the release's 5e6 on 128 dimensions).

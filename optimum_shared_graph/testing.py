@@ -1076,8 +1076,8 @@ VLM_PROCESSORS["llava_next"] = dict(
 
 # Qwen3-VL: the processor of Qwen3.5's (`_QWEN_VL`: Qwen3VLProcessor, Qwen2VLImageProcessor with
 # patches of 16, 2 x 2 merge, mean and std 0.5, and the tiny pixel bounds: a 64 x 64 image is 4 image tokens); the
-# text rotary interleaved over all of the head's 16 frequencies in sections [6, 5, 5] (the release's [24, 20, 20] of
-# 64), rope_theta 56 as `_QWEN_VL_ROTARY` (the release's 5e6 on 128 dimensions).
+# text rotary interleaved over all of the head's 16 frequencies in sections [6, 5, 5] (Qwen3-VL's rotary defaults to
+# [24, 20, 20] of 64), rope_theta 56 as `_QWEN_VL_ROTARY` (Qwen3VLTextConfig's default 5e5 on 128 dimensions).
 VLM_PROCESSORS["qwen3_vl"] = dict(_QWEN_VL, text=dict(head_dim=32, rope_parameters={
     "rope_type": "default", "rope_theta": 56.0, "mrope_section": [6, 5, 5], "mrope_interleaved": True}))
 

@@ -475,7 +475,8 @@ NOT_EXPORTED: dict[str, str] = {
                        "tried with the cap lifted",
     "llama4": "optimum-intel's Llama4OpenVINOConfig caps transformers at 4.57.6 (5.5.4 is installed); not tried with "
               "the cap lifted (--task text-generation-shared exports its language model)",
-    "gemma3n": "not tried yet (an audio tower besides the vision one)",
+    "gemma3n": "not tried: transformers builds its vision tower (MobileNetV5) through timm, which is not installed "
+               "here ('TimmWrapperModel requires the timm library'); it also has an audio tower",
     "qwen3_omni_moe": "not tried yet (an audio encoder and a speech talker besides the vision tower)",
     **{t: "a text model type (the language model of a vision-language type), not a vision-language checkpoint: "
           "--task text-generation-shared" for t in ("qwen2_vl_text", "qwen2_5_vl_text", "qwen3_5_text",

@@ -324,6 +324,16 @@ WHOLE_ONLY: dict[str, dict[str, Any]] = {
                        extra=dict(projector_hidden_act="gelu", vision_feature_layer=-2,
                                   vision_feature_select_strategy="default", image_seq_length=4,
                                   image_grid_pinpoints=[[32, 64], [64, 32], [64, 64]]), tie=False),
+    # llava-hf/LLaVA-NeXT-Video-7B-hf: LLaVA-NeXT's image path (its tower, crops and pinpoints, as `llava_next` here)
+    # on a llama text model, and a video path (frames pooled by `spatial_pool_stride`, `<video>` tokens) that the
+    # export's check and the tests do not run.
+    "llava_next_video": dict(text="llama", vision=dict(model_type="clip_vision_model", hidden_size=32,
+                                                       intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+                                                       image_size=32, patch_size=16, projection_dim=32),
+                             extra=dict(projector_hidden_act="gelu", vision_feature_layer=-2,
+                                        vision_feature_select_strategy="default", image_seq_length=4,
+                                        image_grid_pinpoints=[[32, 64], [64, 32], [64, 64]], spatial_pool_mode="average",
+                                        spatial_pool_stride=2, video_seq_length=2), tie=False),
     # Qwen3-VL as Qwen3VLConfig's defaults describe it: a 27-block vision transformer of width 1152 (16 heads, MLP
     # 4304, patches of 16, 2 x 2 merge, 2 frames per temporal patch, a learned 48 x 48 position grid), whose blocks 8,
     # 16 and 24 also feed the text model's first layers through their own mergers (deepstack_visual_indexes); a
@@ -366,10 +376,10 @@ _PUBLISHED_NAMES = {"qwen3_5": [("model.language_model.visual.", "model.visual."
                     "qwen3_5_moe": [("model.language_model.visual.", "model.visual.")],
                     # transformers 4.x's names, as llava-hf/llava-v1.6-mistral-7b-hf is published (5.5 saves
                     # `model.language_model.model.*`, `model.vision_tower.*`, ...)
-                    "llava_next": [("model.language_model.model.", "language_model.model."),
-                                   ("model.vision_tower.", "vision_tower."),
-                                   ("model.multi_modal_projector.", "multi_modal_projector."),
-                                   ("model.image_newline", "image_newline")],
+                    **{t: [("model.language_model.model.", "language_model.model."),
+                           ("model.vision_tower.", "vision_tower."),
+                           ("model.multi_modal_projector.", "multi_modal_projector."),
+                           ("model.image_newline", "image_newline")] for t in ("llava_next", "llava_next_video")},
                     # transformers 4.x's names, as Qwen2-VL and Qwen2.5-VL are published
                     **{t: [("model.language_model.", "model."), ("model.visual.", "visual.")]
                        for t in ("qwen2_vl", "qwen2_5_vl")}}
@@ -1072,6 +1082,28 @@ VLM_PROCESSORS["llava_next"] = dict(
     chat_template=_LLAVA_NEXT_CHAT_TEMPLATE,
     build=_llava_next_processor,
 )
+
+
+def _llava_next_video_processor(spec: dict[str, Any], tokenizer: Any, out_dir: Path) -> Any:
+    """llava-hf/LLaVA-NeXT-Video-7B-hf's processor as transformers 5.5's `LlavaNextVideoProcessor.save_pretrained`
+    writes it (LlavaNextImageProcessor, LlavaNextVideoVideoProcessor)."""
+    from transformers import LlavaNextImageProcessor, LlavaNextVideoProcessor, LlavaNextVideoVideoProcessor
+
+    processor = LlavaNextVideoProcessor(image_processor=LlavaNextImageProcessor(**spec["image_processor"]),
+                                        video_processor=LlavaNextVideoVideoProcessor(), tokenizer=tokenizer,
+                                        chat_template=spec["chat_template"], **spec["processor"])
+    processor.save_pretrained(str(out_dir))
+    return processor
+
+
+# llava-hf/LLaVA-NeXT-Video-7B-hf: `<image>` and `<video>` (image_token_index, video_token_index; the release's 32001
+# and 32000), LLaVA-NeXT's image preprocessing at the tiny tower's 32 (as `llava_next` here: a 64 x 64 image is 24
+# image tokens), llava-1.5's chat template (`USER: <image>\n... ASSISTANT:`).
+VLM_PROCESSORS["llava_next_video"] = dict(
+    VLM_PROCESSORS["llava_next"], specials=["<pad>", "<s>", "</s>", "<image>", "<video>"],
+    tokens=dict(image_token="<image>", video_token="<video>"), ids=dict(image_token_index=3, video_token_index=4),
+    processor=dict(VLM_PROCESSORS["llava_next"]["processor"], video_token="<video>"),
+    chat_template=_LLAVA_CHAT_TEMPLATE, build=_llava_next_video_processor)
 
 
 # Qwen3-VL: the processor of Qwen3.5's (`_QWEN_VL`: Qwen3VLProcessor, Qwen2VLImageProcessor with

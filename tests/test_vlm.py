@@ -1,5 +1,5 @@
 """`--task image-text-to-text-shared` (`pipeline/vlm.py`): the whole Qwen3.5, Gemma 3, LLaVA, Mistral 3, Qwen2-VL,
-Qwen2.5-VL, Qwen3-VL, Gemma 4 or LLaVA-NeXT model in optimum-intel's VLM layout.
+Qwen2.5-VL, Qwen3-VL, Gemma 4, LLaVA-NeXT or LLaVA-NeXT-Video model in optimum-intel's VLM layout.
 
 The checkpoints are laid out like the published ones, with their processor (`testing.build_tiny_multimodal(...,
 processor=True)`: image processor, tokenizer with the image tokens, chat template), so a real image (a small
@@ -33,7 +33,7 @@ NEW_TOKENS = 12
 # some tokens: PyTorch without `token_type_ids` (a causal mask over the image) gives other tokens (checked too).
 PROMPTS = {"qwen3_5": "hello", "qwen3_5_moe": "hello", "gemma3": "What is in the image?", "llava": "hello",
            "mistral3": "hello", "qwen2_vl": "hello", "qwen2_5_vl": "hello", "qwen3_vl": "hello",
-           "gemma4": "hello", "llava_next": "hello"}
+           "gemma4": "hello", "llava_next": "hello", "llava_next_video": "hello"}
 # The images' size: 64 x 64 (Qwen3.5: 4 x 4 patches of 16; the others resize it to their tower's size), but 56 x 56
 # for Qwen2-VL and Qwen2.5-VL, which their processor does not resize (4 x 4 patches of 14): their VLMPipeline resizes
 # a 64 x 64 image to 56 x 56 with its own bicubic filter, whose pixels differ from the processor's enough that the
@@ -53,6 +53,8 @@ _QWEN2_GRAPHS = [g for g in _QWEN_GRAPHS if "pos_model" not in g]
 GRAPHS = {"qwen3_5": _QWEN_GRAPHS, "qwen3_5_moe": _QWEN_GRAPHS, "gemma3": _PROJECTED_GRAPHS,
           "llava": _PROJECTED_GRAPHS, "mistral3": sorted(_PROJECTED_GRAPHS + ["openvino_multi_modal_projector_model.xml"]),
           "qwen2_vl": _QWEN2_GRAPHS, "qwen2_5_vl": _QWEN2_GRAPHS, "qwen3_vl": _QWEN_GRAPHS, "llava_next": _PROJECTED_GRAPHS,
+          "llava_next_video": sorted(_PROJECTED_GRAPHS + ["openvino_multi_modal_projector_model.xml",
+                                                          "openvino_vision_resampler_model.xml"]),
           "gemma4": sorted(_PROJECTED_GRAPHS + ["openvino_text_embeddings_per_layer_model.xml"])}
 LANGUAGE_INPUTS = {"qwen3_5": _QWEN_INPUTS, "qwen3_5_moe": _QWEN_INPUTS,
                    "gemma3": {**_PLAIN_INPUTS, "token_type_ids": "[?,?]"}, "llava": _PLAIN_INPUTS,
@@ -60,16 +62,18 @@ LANGUAGE_INPUTS = {"qwen3_5": _QWEN_INPUTS, "qwen3_5_moe": _QWEN_INPUTS,
                    "qwen2_5_vl": {**_QWEN_INPUTS, "position_ids": "[3,?,?]"},
                    "qwen3_vl": {**_QWEN_INPUTS, "position_ids": "[3,?,?]", "visual_pos_masks": "[?,?]",
                                 "deepstack_visual_embeds": "[?,?,64]"},
-                   "gemma4": {**_PLAIN_INPUTS, "per_layer_inputs": "[?,?,?,16]"}, "llava_next": _PLAIN_INPUTS}
+                   "gemma4": {**_PLAIN_INPUTS, "per_layer_inputs": "[?,?,?,16]"}, "llava_next": _PLAIN_INPUTS,
+                   "llava_next_video": _PLAIN_INPUTS}
 FIXES = {"qwen3_5": "optimum_shared_graph.architectures.qwen3_5", "qwen3_5_moe": "optimum_shared_graph.architectures.qwen3_5",
          "gemma3": None, "llava": None, "mistral3": None, "qwen2_vl": "optimum_shared_graph.architectures.qwen2_vl",
          "qwen2_5_vl": "optimum_shared_graph.architectures.qwen2_vl", "qwen3_vl": "optimum_shared_graph.architectures.qwen2_vl",
-         "gemma4": "optimum_shared_graph.architectures.gemma4", "llava_next": None}
+         "gemma4": "optimum_shared_graph.architectures.gemma4", "llava_next": None,
+         "llava_next_video": "optimum_shared_graph.architectures.llava_next_video"}
 # the types of the parametrised tests (all that --task image-text-to-text-shared exports)
 VLM_TYPES = ["qwen3_5", "qwen3_5_moe", "gemma3", "llava", "mistral3", "qwen2_vl", "qwen2_5_vl", "qwen3_vl", "gemma4",
-             "llava_next"]
+             "llava_next", "llava_next_video"]
 IMAGE_TOKENS = {"qwen3_5": 4, "qwen3_5_moe": 4, "gemma3": 4, "llava": 16, "mistral3": 4, "qwen2_vl": 4, "qwen2_5_vl": 4,
-                "qwen3_vl": 4, "gemma4": 64, "llava_next": 24}
+                "qwen3_vl": 4, "gemma4": 64, "llava_next": 24, "llava_next_video": 24}
 
 
 @pytest.fixture(scope="module")
@@ -310,12 +314,12 @@ def test_llava_next_on_an_image_wider_than_tall(vlm):
 
 
 @pytest.mark.parametrize("model_type, why", [
-    ("llava_next_video", "optimum-intel's LlavaNextVideoOpenVINOConfig caps transformers at 4.57.6 (5.5.4 is "
-                         "installed); not tried with the cap lifted"),
+    ("got_ocr2", "optimum-intel's GotOCR2OpenVINOConfig caps transformers at 4.57.6 (5.5.4 is installed); not tried "
+                 "with the cap lifted"),
     ("qwen3_5_text", "a text model type (the language model of a vision-language type), not a vision-language "
                      "checkpoint: --task text-generation-shared"),
     ("llama", "optimum-intel's OVModelForVisualCausalLM has no class for it (not a vision-language type of its "
-              "image-text-to-text export)")], ids=["llava_next_video", "qwen3_5_text", "llama"])
+              "image-text-to-text export)")], ids=["got_ocr2", "qwen3_5_text", "llama"])
 def test_type_it_cannot_export_is_refused_before_any_work(model_type, why, tmp_path, capsys):
     """A type with no image-text-to-text-shared export: one line at stage 1 saying why (`vlm_families.NOT_EXPORTED`)
     and which types it exports, nothing written (optimum-cli's entry point run in this process: no fresh
@@ -523,7 +527,8 @@ def _stored_reference_is_pytorchs(path, out, model_type):
 
 @pytest.mark.slow  # the export of the tests above (the module's fixture), then about 8 s
 @pytest.mark.timeout(900)
-@pytest.mark.parametrize("model_type", ["qwen3_5", "qwen3_5_moe", "qwen3_vl", "gemma4", "llava_next"])
+@pytest.mark.parametrize("model_type", ["qwen3_5", "qwen3_5_moe", "qwen3_vl", "gemma4", "llava_next",
+                                        "llava_next_video"])
 def test_validate_through_the_vlm_consumers(model_type, vlm, tmp_path):
     """`validate()` of the artifact through optimum-vlm (OVModelForVisualCausalLM.generate(), teacher-forced) and
     genai-vlm (VLMPipeline, greedy) under f32 properties: exact; the same artifact with its language model's decode

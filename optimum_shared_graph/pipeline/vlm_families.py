@@ -284,6 +284,13 @@ class LLaVANext(_ProjectedImage):
         return {"size": inputs["image_sizes"][0].tolist(), "crops": int(inputs["pixel_values"].shape[1])}
 
 
+class LLaVANextVideo(LLaVANext):
+    """LLaVA-NeXT-Video on an image: LLaVA-NeXT's image path (`OVModelForVisualCausalLM` runs the tower and the
+    multi-modal projector as graphs of their own); its video path (the resampler) is not validated."""
+
+    model_types = ("llava_next_video",)
+
+
 class Gemma3(_ProjectedImage):
     """Gemma 3: the SigLIP tower's patches pooled and projected to `mm_tokens_per_image` image tokens between
     `<start_of_image>` and `<end_of_image>`; the language model takes `token_type_ids` (1 at the image tokens), from
@@ -441,7 +448,7 @@ class Gemma4(Family):
 
 
 FAMILIES: dict[str, Family] = {t: family for family in (Qwen3_5(), Qwen2VL(), Qwen3VL(), Gemma3(), LLaVA(), LLaVANext(),
-                                                          Mistral3(), Gemma4())
+                                                          LLaVANextVideo(), Mistral3(), Gemma4())
                                for t in family.model_types}
 
 
@@ -460,8 +467,6 @@ NOT_EXPORTED: dict[str, str] = {
                      "has no configuration class for it",
     "gemma4_unified": "optimum-intel's Gemma4UnifiedOpenVINOConfig requires transformers 5.10 to 5.10.99 and "
                       "transformers 5.5.4 has no configuration class for it",
-    "llava_next_video": "optimum-intel's LlavaNextVideoOpenVINOConfig caps transformers at 4.57.6 (5.5.4 is "
-                        "installed); not tried with the cap lifted",
     "got_ocr2": "optimum-intel's GotOCR2OpenVINOConfig caps transformers at 4.57.6 (5.5.4 is installed); not tried "
                 "with the cap lifted",
     "idefics3": "with optimum-intel's 4.57.6 cap lifted it exports, but its OVModelForVisualCausalLM computes the "

@@ -467,15 +467,17 @@ NOT_EXPORTED: dict[str, str] = {
                      "has no configuration class for it",
     "gemma4_unified": "optimum-intel's Gemma4UnifiedOpenVINOConfig requires transformers 5.10 to 5.10.99 and "
                       "transformers 5.5.4 has no configuration class for it",
-    "got_ocr2": "optimum-intel's GotOCR2OpenVINOConfig caps transformers at 4.57.6 (5.5.4 is installed); not tried "
-                "with the cap lifted",
+    "got_ocr2": "with optimum-intel's 4.57.6 cap lifted its image-text-to-text export of a tiny checkpoint ran (not "
+                "validated here), and GenAI 2026.4 has no VLMPipeline for it ('Unsupported 'got_ocr2' VLM model "
+                "type'); not added yet",
     "idefics3": "with optimum-intel's 4.57.6 cap lifted it exports, but its OVModelForVisualCausalLM computes the "
                 "vision patch positions by another formula than transformers 5.5.4 (h / n x (1 - 1e-6), not "
                 "min(h / n, 1 - 1e-6): one position lower for every patch row and column but the first), so the "
                 "tiny checkpoint's image embeddings differed from PyTorch's by 0.21 and the export's check refused "
                 "it; GenAI 2026.4 has no VLMPipeline for it ('Unsupported 'idefics3' VLM model type')",
     "smolvlm": "optimum-intel's SmolVLMOpenVINOConfig caps transformers at 4.57.6 (5.5.4 is installed), and its "
-               "OVModelForVisualCausalLM class inherits idefics3's patch positions (see idefics3); not tried",
+               "OVModelForVisualCausalLM class inherits idefics3's vision patch positions, which are not transformers "
+               "5.5.4's (the export's check refused idefics3 for them); not tried",
     "phi4_multimodal": "optimum-intel's Phi4MMOpenVINOConfig caps transformers at 4.53.3 (5.5.4 is installed); not "
                        "tried with the cap lifted",
     "llama4": "optimum-intel's Llama4OpenVINOConfig caps transformers at 4.57.6 (5.5.4 is installed); not tried with "

@@ -6,16 +6,19 @@ Qwen3.5 (`qwen3_5`, `qwen3_5_moe`) `openvino_language_model.xml` (the stateful d
 `openvino_vision_embeddings_model.xml`, `openvino_vision_embeddings_merger_model.xml` and
 `openvino_vision_embeddings_pos_model.xml` (Qwen2-VL, Qwen2.5-VL: the same but the last, positions (3, batch, seq));
 for Gemma 3 (`gemma3`) the language model (fed `inputs_embeds`, `attention_mask`, `position_ids`, `token_type_ids`
-and `beam_idx`), the text embeddings and the vision embeddings (LLaVA the same without `token_type_ids`; Mistral 3
-with a multi-modal projector graph besides): the layout `OVModelForVisualCausalLM` and OpenVINO GenAI's
+and `beam_idx`), the text embeddings and the vision embeddings (LLaVA and LLaVA-NeXT the same without
+`token_type_ids`; Mistral 3 and LLaVA-NeXT-Video with a multi-modal projector graph besides; Gemma 4 with a per-layer
+text embeddings graph, whose output the language model takes as `per_layer_inputs`; Qwen3-VL as Qwen2-VL, its
+language model also fed the deepstack features): the layout `OVModelForVisualCausalLM` and OpenVINO GenAI's
 `VLMPipeline` load. This task writes that layout with
 optimum-intel's own export (its configs, its file names, its tokenizer conversion), and:
 
 1. the export config of the architecture fix (`architectures.<family>.vlm_export_config`) stands in for
    optimum-intel's for the duration of the export (`vlm_fix_applied`), where optimum-intel's fails under the
-   installed transformers (Qwen3.5's language model patcher imports `Qwen3_5DynamicCache`, gone in 5.5; Qwen2-VL's
-   and Qwen2.5-VL's configs cap transformers at 5.0; Gemma 3's, LLaVA's and Mistral 3's export under 5.5 as they
-   are);
+   installed transformers (Qwen3.5's language model patcher imports `Qwen3_5DynamicCache`, gone in 5.5; Qwen2-VL's,
+   Qwen2.5-VL's and Qwen3-VL's configs cap transformers at 5.0, LLaVA-NeXT-Video's at 4.57.6; Gemma 4's dummy cache
+   gives its layers different past lengths; Gemma 3's, LLaVA's, LLaVA-NeXT's and Mistral 3's export under 5.5 as
+   they are);
 2. the language model is this package's graph: one stateful graph for prefill and decode whose `logits` are
    `[batch, 1, vocab]` with `--logits last` (the default), sliced before the vocabulary projection
    (`graph/logits.py`) as optimum-intel saves it, its weights written once;

@@ -333,6 +333,44 @@ WHOLE_ONLY: dict[str, dict[str, Any]] = {
                                                            spatial_merge_size=2, temporal_patch_size=2, in_chans=3,
                                                            window_size=28, fullatt_block_indexes=[1],
                                                            tokens_per_second=2), tie=True),
+    # llava-hf/llava-v1.6-mistral-7b-hf: LLaVA-NeXT, the CLIP tower of llava-1.5's (336 x 336 crops, patches of 14,
+    # read at its second-to-last layer) run on a resized base image and on the crops of the image at the best of
+    # `image_grid_pinpoints` (336 x 672 ... 1008 x 336 there), the crops' features unpadded to the image's aspect with
+    # a learned `image_newline` after each row; a mistral text model with its own head. Here crops of 32 x 32
+    # (2 x 2 patches of 16) and pinpoints 32 x 64, 64 x 32, 64 x 64.
+    "llava_next": dict(text="mistral", vision=dict(model_type="clip_vision_model", hidden_size=32, intermediate_size=64,
+                                                   num_hidden_layers=2, num_attention_heads=2, image_size=32,
+                                                   patch_size=16, projection_dim=32),
+                       extra=dict(projector_hidden_act="gelu", vision_feature_layer=-2,
+                                  vision_feature_select_strategy="default", image_seq_length=4,
+                                  image_grid_pinpoints=[[32, 64], [64, 32], [64, 64]]), tie=False),
+    # llava-hf/LLaVA-NeXT-Video-7B-hf: LLaVA-NeXT's image path (its tower, crops and pinpoints, as `llava_next` here)
+    # on a llama text model, and a video path (frames pooled by `spatial_pool_stride`, `<video>` tokens) that the
+    # export's check and the tests do not run.
+    "llava_next_video": dict(text="llama", vision=dict(model_type="clip_vision_model", hidden_size=32,
+                                                       intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+                                                       image_size=32, patch_size=16, projection_dim=32),
+                             extra=dict(projector_hidden_act="gelu", vision_feature_layer=-2,
+                                        vision_feature_select_strategy="default", image_seq_length=4,
+                                        image_grid_pinpoints=[[32, 64], [64, 32], [64, 64]], spatial_pool_mode="average",
+                                        spatial_pool_stride=2, video_seq_length=2), tie=False),
+    # Qwen3-VL as Qwen3VLConfig's defaults describe it: a 27-block vision transformer of width 1152 (16 heads, MLP
+    # 4304, patches of 16, 2 x 2 merge, 2 frames per temporal patch, a learned 48 x 48 position grid), whose blocks 8,
+    # 16 and 24 also feed the text model's first layers through their own mergers (deepstack_visual_indexes); a
+    # qwen3_vl_text model with interleaved M-RoPE, its own head (tie_word_embeddings false). Here two blocks, the
+    # first a deepstack one, an 8 x 8 position grid.
+    "qwen3_vl": dict(text="qwen3_vl_text", vision=dict(depth=2, hidden_size=32, intermediate_size=64, num_heads=2,
+                                                       out_hidden_size=64, num_position_embeddings=64, patch_size=16,
+                                                       spatial_merge_size=2, temporal_patch_size=2,
+                                                       deepstack_visual_indexes=[0]), tie=False),
+    # google/gemma-4-*: a vision tower of its own (Gemma4VisionModel: patches of 16 with 2D positions, pooled 3 x 3
+    # into one image token each) whose output `embed_vision` projects into the text width; the text model of
+    # `gemma4_text` (shaped like gemma-4-E2B's: per-layer input embeddings, KV sharing, sliding and full layers,
+    # logits capped at 30), head tied. No audio tower (`audio_config` null): optimum-intel's image-text-to-text export
+    # has no audio part.
+    "gemma4": dict(text="gemma4_text", vision=dict(model_type="gemma4_vision", hidden_size=32, intermediate_size=64,
+                                                   num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=2,
+                                                   head_dim=16, patch_size=16, pooling_kernel_size=3), tie=True),
 }
 
 # Types whose published config.json is flat (transformers 4.x's layout: the text model's keys at the top level, its
@@ -356,6 +394,12 @@ def _flatten_config(path: Path) -> None:
 # renaming applied in reverse); the published checkpoints name it `model.visual.*`, which 5.5 loads the same.
 _PUBLISHED_NAMES = {"qwen3_5": [("model.language_model.visual.", "model.visual.")],
                     "qwen3_5_moe": [("model.language_model.visual.", "model.visual.")],
+                    # transformers 4.x's names, as llava-hf/llava-v1.6-mistral-7b-hf is published (5.5 saves
+                    # `model.language_model.model.*`, `model.vision_tower.*`, ...)
+                    **{t: [("model.language_model.model.", "language_model.model."),
+                           ("model.vision_tower.", "vision_tower."),
+                           ("model.multi_modal_projector.", "multi_modal_projector."),
+                           ("model.image_newline", "image_newline")] for t in ("llava_next", "llava_next_video")},
                     # transformers 4.x's names, as Qwen2-VL and Qwen2.5-VL are published
                     **{t: [("model.language_model.", "model."), ("model.visual.", "visual.")]
                        for t in ("qwen2_vl", "qwen2_5_vl")}}
@@ -1009,6 +1053,132 @@ _QWEN2_VL = dict(
 )
 VLM_PROCESSORS["qwen2_vl"] = dict(_QWEN2_VL, processor_class="Qwen2VLProcessor")
 VLM_PROCESSORS["qwen2_5_vl"] = dict(_QWEN2_VL, processor_class="Qwen2_5_VLProcessor")
+
+
+# llava-hf/llava-v1.6-mistral-7b-hf's chat template reduced to a user turn with images and text: `[INST] <image>\n...
+# [/INST]`, the processor expanding `<image>` to one token per feature of the base image and of the unpadded crops
+# (with their row ends).
+_LLAVA_NEXT_CHAT_TEMPLATE = (
+    "{% for message in messages %}{% if message['role'] == 'user' %}{{ '[INST] ' }}"
+    "{% for content in message['content'] | selectattr('type', 'equalto', 'image') %}{{ '<image>\n' }}{% endfor %}"
+    "{% for content in message['content'] | selectattr('type', 'equalto', 'text') %}{{ content['text'] }}{% endfor %}"
+    "{{ ' [/INST]' }}{% else %}{% for content in message['content'] | selectattr('type', 'equalto', 'text') %}"
+    "{{ ' ' + content['text'] + eos_token }}{% endfor %}{% endif %}{% endfor %}"
+)
+
+
+def _llava_next_processor(spec: dict[str, Any], tokenizer: Any, out_dir: Path) -> Any:
+    """llava-hf/llava-v1.6-mistral-7b-hf's processor: LlavaNextImageProcessor (preprocessor_config.json),
+    LlavaNextProcessor (processor_config.json)."""
+    from transformers import LlavaNextImageProcessor, LlavaNextProcessor
+
+    image = LlavaNextImageProcessor(**spec["image_processor"])
+    processor = LlavaNextProcessor(image_processor=image, tokenizer=tokenizer, chat_template=spec["chat_template"],
+                                   **spec["processor"])
+    image.save_pretrained(str(out_dir))
+    tokenizer.save_pretrained(str(out_dir))
+    path = out_dir / "preprocessor_config.json"
+    config = json.loads(path.read_text())
+    path.write_text(json.dumps(dict(sorted({**config, "processor_class": "LlavaNextProcessor"}.items())), indent=2)
+                    + "\n")
+    (out_dir / "processor_config.json").write_text(json.dumps(
+        {**spec["processor"], "processor_class": "LlavaNextProcessor"}, indent=2, sort_keys=True) + "\n")
+    return processor
+
+
+# llava-hf/llava-v1.6-mistral-7b-hf: `<image>` (image_token_index; the release's 32000), its preprocessor_config.json
+# (shortest edge and crops of 336, bicubic, padded to the best pinpoint, CLIP's mean and std) at the tiny tower's 32
+# and pinpoints: a 64 x 64 image is the 32 x 32 base image and 2 x 2 crops, 4 + 4 x (4 + 1) = 24 image tokens.
+VLM_PROCESSORS["llava_next"] = dict(
+    specials=["<pad>", "<s>", "</s>", "<image>", "[INST]", "[/INST]"],
+    tokens=dict(image_token="<image>"),
+    ids=dict(image_token_index=3),
+    image_processor=dict(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32}, do_center_crop=True,
+                         image_grid_pinpoints=[[32, 64], [64, 32], [64, 64]], do_pad=True, resample=3,
+                         image_mean=[0.48145466, 0.4578275, 0.40821073],
+                         image_std=[0.26862954, 0.26130258, 0.27577711]),
+    processor=dict(image_token="<image>", num_additional_image_tokens=1, patch_size=16,
+                   vision_feature_select_strategy="default"),
+    chat_template=_LLAVA_NEXT_CHAT_TEMPLATE,
+    build=_llava_next_processor,
+)
+
+
+def _llava_next_video_processor(spec: dict[str, Any], tokenizer: Any, out_dir: Path) -> Any:
+    """llava-hf/LLaVA-NeXT-Video-7B-hf's processor as transformers 5.5's `LlavaNextVideoProcessor.save_pretrained`
+    writes it (LlavaNextImageProcessor, LlavaNextVideoVideoProcessor)."""
+    from transformers import LlavaNextImageProcessor, LlavaNextVideoProcessor, LlavaNextVideoVideoProcessor
+
+    processor = LlavaNextVideoProcessor(image_processor=LlavaNextImageProcessor(**spec["image_processor"]),
+                                        video_processor=LlavaNextVideoVideoProcessor(), tokenizer=tokenizer,
+                                        chat_template=spec["chat_template"], **spec["processor"])
+    processor.save_pretrained(str(out_dir))
+    return processor
+
+
+# llava-hf/LLaVA-NeXT-Video-7B-hf: `<image>` and `<video>` (image_token_index, video_token_index; the release's 32001
+# and 32000), LLaVA-NeXT's image preprocessing at the tiny tower's 32 (as `llava_next` here: a 64 x 64 image is 24
+# image tokens), llava-1.5's chat template (`USER: <image>\n... ASSISTANT:`).
+VLM_PROCESSORS["llava_next_video"] = dict(
+    VLM_PROCESSORS["llava_next"], specials=["<pad>", "<s>", "</s>", "<image>", "<video>"],
+    tokens=dict(image_token="<image>", video_token="<video>"), ids=dict(image_token_index=3, video_token_index=4),
+    processor=dict(VLM_PROCESSORS["llava_next"]["processor"], video_token="<video>"),
+    chat_template=_LLAVA_CHAT_TEMPLATE, build=_llava_next_video_processor)
+
+
+# Qwen3-VL: the processor of Qwen3.5's (`_QWEN_VL`: Qwen3VLProcessor, Qwen2VLImageProcessor with
+# patches of 16, 2 x 2 merge, mean and std 0.5, and the tiny pixel bounds: a 64 x 64 image is 4 image tokens); the
+# text rotary interleaved over all of the head's 16 frequencies in sections [6, 5, 5] (Qwen3-VL's rotary defaults to
+# [24, 20, 20] of 64), rope_theta 56 as `_QWEN_VL_ROTARY` (Qwen3VLTextConfig's default 5e5 on 128 dimensions).
+VLM_PROCESSORS["qwen3_vl"] = dict(_QWEN_VL, text=dict(head_dim=32, rope_parameters={
+    "rope_type": "default", "rope_theta": 56.0, "mrope_section": [6, 5, 5], "mrope_interleaved": True}))
+
+
+# Gemma 4's chat template reduced to a user turn with images and text: `<|turn>user\n...<turn|>\n<|turn>model\n`, an
+# image `<|image|>`, which the processor expands to `<|image>`, one `<|image|>` per image token and `<image|>`. The
+# token names are those of transformers 5.5's Gemma4Processor attributes (boi, eoi, image, audio tokens; `<|video|>`
+# it adds itself); the released tokenizer's ids and full template were not available here (no hub access).
+_GEMMA4_CHAT_TEMPLATE = (
+    "{{ bos_token }}{%- for message in messages -%}"
+    "{%- if message['role'] == 'assistant' -%}{%- set role = 'model' -%}{%- else -%}{%- set role = message['role'] -%}"
+    "{%- endif -%}{{ '<|turn>' + role + '\n' }}"
+    "{%- if message['content'] is string -%}{{ message['content'] | trim }}{%- else -%}"
+    "{%- for item in message['content'] -%}{%- if item['type'] == 'image' -%}{{ '<|image|>' }}"
+    "{%- elif item['type'] == 'text' -%}{{ item['text'] | trim }}{%- endif -%}{%- endfor -%}{%- endif -%}"
+    "{{ '<turn|>\n' }}{%- endfor -%}{%- if add_generation_prompt -%}{{ '<|turn>model\n' }}{%- endif -%}"
+)
+
+
+def _gemma4_processor(spec: dict[str, Any], tokenizer: Any, out_dir: Path) -> Any:
+    """Gemma 4's processor as transformers 5.5's `Gemma4Processor.save_pretrained` writes it (processor_config.json
+    with the image, video and audio processors' settings; the tokenizer; chat_template.jinja)."""
+    from transformers.models.gemma4 import Gemma4ImageProcessor, Gemma4Processor
+    from transformers.models.gemma4.feature_extraction_gemma4 import Gemma4AudioFeatureExtractor
+    from transformers.models.gemma4.video_processing_gemma4 import Gemma4VideoProcessor
+
+    processor = Gemma4Processor(feature_extractor=Gemma4AudioFeatureExtractor(),
+                                image_processor=Gemma4ImageProcessor(**spec["image_processor"]), tokenizer=tokenizer,
+                                video_processor=Gemma4VideoProcessor(), chat_template=spec["chat_template"],
+                                image_seq_length=spec["image_processor"]["max_soft_tokens"])
+    processor.save_pretrained(str(out_dir))
+    return processor
+
+
+# Gemma 4: its image processor's defaults (patches of 16, pooled 3 x 3, pixels rescaled to [0, 1] and not
+# normalised) but for max_soft_tokens, 70 (the smallest it takes; 280 by default): an image is resized to at most
+# 630 patches, 24 x 24 for a square one (64 image tokens), padded to 630. The image token ids are the tiny
+# tokenizer's (the config keys of Gemma4Config).
+VLM_PROCESSORS["gemma4"] = dict(
+    specials=["<pad>", "<s>", "</s>", "<|turn>", "<turn|>", "<|image>", "<image|>", "<|image|>", "<|video|>",
+              "<|audio|>", "<|audio>", "<audio|>"],
+    tokens=dict(extra_special_tokens=dict(boi_token="<|image>", eoi_token="<image|>", image_token="<|image|>",
+                                          audio_token="<|audio|>", boa_token="<|audio>", eoa_token="<audio|>")),
+    ids=dict(boi_token_id=5, eoi_token_id=6, image_token_id=7, video_token_id=8, audio_token_id=9, boa_token_id=10,
+             eoa_token_index=11),
+    image_processor=dict(patch_size=16, pooling_kernel_size=3, max_soft_tokens=70),
+    chat_template=_GEMMA4_CHAT_TEMPLATE,
+    build=_gemma4_processor,
+)
 
 
 def build_vlm_processor(model_type: str, out_dir: str | Path) -> Any:

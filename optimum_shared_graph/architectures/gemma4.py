@@ -28,6 +28,13 @@ as it is (legacy tuples still become a `DynamicCache`), computes MoE experts den
 `lfm2_moe_experts_forward` (as its `Gemma4LMModelPatcher` does), and the version cap is lifted. The graph's
 interface is optimum-intel's own (`past_key_values.{i}.key/value` for the KV-producing layers,
 `position_ids`), and every export is validated against PyTorch.
+
+The vision-language model (`gemma4`, `--task image-text-to-text-shared`) breaks the same way: optimum-intel's
+`Gemma4OpenVINOConfig` builds its language part from the `gemma4_text` text-generation config, whose dummy cache
+gives the sliding layers a past of `sliding_window` tokens ("The size of tensor a (32) must match the size of
+tensor b (24)" on the tiny checkpoint, traced by its own `Gemma4LMModelPatcher`). `vlm_export_config` builds that
+part from the fixed text config above (one past length for every KV-producing layer); the patcher and every other
+part (vision embeddings, text embeddings, per-layer text embeddings) are optimum-intel's.
 """
 
 from __future__ import annotations
@@ -43,6 +50,11 @@ SUMMARY = ("optimum-intel's Gemma4TextOpenVINOConfig with one past length for ev
            "dummy cache (sliding and full layers had different ones), a patcher that passes a transformers Cache "
            "through, MoE experts computed densely (optimum-intel's lfm2_moe_experts_forward), and its inherited 5.0 "
            "cap lifted")
+
+
+VLM_MODEL_TYPES = ("gemma4",)
+VLM_SUMMARY = ("optimum-intel's Gemma4OpenVINOConfig with its language part built from the fixed gemma4_text config "
+               "(one past length for every KV-producing layer in the dummy cache); its own patchers for every part")
 
 
 def kv_layer_shapes(config) -> list[tuple[int, int]]:
@@ -150,4 +162,21 @@ def export_config(base: type) -> type:
         "DUMMY_INPUT_GENERATOR_CLASSES": generators,
         "_MODEL_PATCHER": _patcher(getattr(base, "_MODEL_PATCHER", Gemma2ModelPatcher)),
         "MAX_TRANSFORMERS_VERSION": None,
+    })
+
+
+def vlm_export_config(base: type) -> type:
+    """`base` (optimum-intel's `Gemma4OpenVINOConfig`) whose language part is built while `gemma4_text`'s
+    text-generation config is `export_config`'s (the dummy cache of one past length)."""
+    from ..host import export_configs_replaced
+
+    def with_behavior(self, behavior):
+        if str(getattr(behavior, "value", behavior)) != "language":
+            return base.with_behavior(self, behavior)
+        with export_configs_replaced("gemma4_text", ("text-generation-with-past",), export_config):
+            return base.with_behavior(self, behavior)
+
+    return type(base.__name__, (base,), {
+        "__doc__": f"{base.__name__}, its language part from the fixed gemma4_text config (see {__name__}).",
+        "with_behavior": with_behavior,
     })

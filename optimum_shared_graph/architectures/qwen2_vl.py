@@ -18,9 +18,9 @@ MODEL_TYPES: tuple[str, ...] = ()
 TRANSFORMERS = ">5.0"
 SUMMARY = "optimum-intel's Qwen2-VL / Qwen2.5-VL image-text-to-text config without its transformers 5.0 cap"
 
-VLM_MODEL_TYPES = ("qwen2_vl", "qwen2_5_vl")
-VLM_SUMMARY = ("optimum-intel's Qwen2VLOpenVINOConfig / Qwen2_5_VLOpenVINOConfig without their 5.0 cap "
-               "(the parts traced by its own patchers; validated against PyTorch)")
+VLM_MODEL_TYPES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
+VLM_SUMMARY = ("optimum-intel's Qwen2VLOpenVINOConfig / Qwen2_5_VLOpenVINOConfig / Qwen3VLOpenVINOConfig without "
+               "their 5.0 cap (the parts traced by its own patchers; validated against PyTorch)")
 
 
 def vlm_export_config(base: type) -> type:

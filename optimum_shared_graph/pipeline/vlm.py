@@ -6,16 +6,19 @@ Qwen3.5 (`qwen3_5`, `qwen3_5_moe`) `openvino_language_model.xml` (the stateful d
 `openvino_vision_embeddings_model.xml`, `openvino_vision_embeddings_merger_model.xml` and
 `openvino_vision_embeddings_pos_model.xml` (Qwen2-VL, Qwen2.5-VL: the same but the last, positions (3, batch, seq));
 for Gemma 3 (`gemma3`) the language model (fed `inputs_embeds`, `attention_mask`, `position_ids`, `token_type_ids`
-and `beam_idx`), the text embeddings and the vision embeddings (LLaVA the same without `token_type_ids`; Mistral 3
-with a multi-modal projector graph besides): the layout `OVModelForVisualCausalLM` and OpenVINO GenAI's
+and `beam_idx`), the text embeddings and the vision embeddings (LLaVA and LLaVA-NeXT the same without
+`token_type_ids`; Mistral 3 and LLaVA-NeXT-Video with a multi-modal projector graph besides; Gemma 4 with a per-layer
+text embeddings graph, whose output the language model takes as `per_layer_inputs`; Qwen3-VL as Qwen2-VL, its
+language model also fed the deepstack features): the layout `OVModelForVisualCausalLM` and OpenVINO GenAI's
 `VLMPipeline` load. This task writes that layout with
 optimum-intel's own export (its configs, its file names, its tokenizer conversion), and:
 
 1. the export config of the architecture fix (`architectures.<family>.vlm_export_config`) stands in for
    optimum-intel's for the duration of the export (`vlm_fix_applied`), where optimum-intel's fails under the
-   installed transformers (Qwen3.5's language model patcher imports `Qwen3_5DynamicCache`, gone in 5.5; Qwen2-VL's
-   and Qwen2.5-VL's configs cap transformers at 5.0; Gemma 3's, LLaVA's and Mistral 3's export under 5.5 as they
-   are);
+   installed transformers (Qwen3.5's language model patcher imports `Qwen3_5DynamicCache`, gone in 5.5; Qwen2-VL's,
+   Qwen2.5-VL's and Qwen3-VL's configs cap transformers at 5.0, LLaVA-NeXT-Video's at 4.57.6; Gemma 4's dummy cache
+   gives its layers different past lengths; Gemma 3's, LLaVA's, LLaVA-NeXT's and Mistral 3's export under 5.5 as
+   they are);
 2. the language model is this package's graph: one stateful graph for prefill and decode whose `logits` are
    `[batch, 1, vocab]` with `--logits last` (the default), sliced before the vocabulary projection
    (`graph/logits.py`) as optimum-intel saves it, its weights written once;
@@ -59,7 +62,7 @@ from ..registration import register_tasks
 from ..tasks import VLM_SHARED_TASK, VLM_TASK
 from . import convert, load, memory, write
 
-from .vlm_families import FAMILIES, family_of
+from .vlm_families import FAMILIES, family_of, not_exported_reason
 
 LANGUAGE_XML = "openvino_language_model.xml"
 TEXT_EMBEDDINGS_XML = "openvino_text_embeddings_model.xml"
@@ -134,7 +137,7 @@ def capture_reference(pt_model, new_tokens: int) -> Reference:
     config = pt_model.config
     family = family_of(config.model_type)
     inputs = validation_inputs(config)
-    language = pt_model.model.language_model
+    language = pt_model.get_submodule(family.language_module)
     calls: list[dict[str, np.ndarray]] = []
     outer: list[dict[str, Any]] = []
 
@@ -146,7 +149,7 @@ def capture_reference(pt_model, new_tokens: int) -> Reference:
                       "inputs_embeds": kwargs["inputs_embeds"].detach().float().numpy().copy()})
 
     def after(module, args, output):
-        calls[-1]["logits"] = output[:, -1, :].detach().float().numpy().copy()
+        calls[-1]["logits"] = family.logits(output[:, -1, :], config).detach().float().numpy().copy()
 
     images: list[np.ndarray] = []
 
@@ -155,8 +158,9 @@ def capture_reference(pt_model, new_tokens: int) -> Reference:
 
     hooks = [pt_model.register_forward_pre_hook(model_call, with_kwargs=True),
              language.register_forward_pre_hook(before, with_kwargs=True),
-             pt_model.lm_head.register_forward_hook(after),
-             pt_model.get_submodule(family.image_module).register_forward_hook(vision)]
+             pt_model.lm_head.register_forward_hook(after)]
+    if family.image_module:
+        hooks.append(pt_model.get_submodule(family.image_module).register_forward_hook(vision))
     try:
         with torch.no_grad():  # the vision tower runs inside generate(), under the float32 compute of a 16-bit model
             out = pt_model.generate(**inputs, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False,
@@ -166,6 +170,8 @@ def capture_reference(pt_model, new_tokens: int) -> Reference:
         for hook in hooks:
             hook.remove()
     prompt = inputs["input_ids"].shape[1]
+    if not family.image_module:  # the prefill's embeddings at the image tokens
+        images = [calls[0]["inputs_embeds"][inputs["input_ids"].numpy() == config.image_token_id]]
     return Reference(
         model_type=config.model_type, inputs={k: v.numpy() for k, v in inputs.items()},
         image_embeds=np.concatenate(images, axis=0), text_embeds=text, calls=calls, tokens=out[0, prompt:].tolist(),
@@ -200,11 +206,18 @@ def validate_parts(directory: Path, reference: Reference, weight_format: str | N
     prompt[reference.input_ids == config.image_token_id] = image
     embeds = [prompt] + [embed(np.array([[token]])) for token in reference.tokens[: len(reference.calls) - 1]]
     vision["max_abs_diff_merged_prompt"] = float(np.max(np.abs(prompt - reference.calls[0]["inputs_embeds"])))
+    # inputs other graphs compute (Gemma 4's per-layer embeddings, Qwen3-VL's deepstack features): the OpenVINO ones
+    # are fed, their difference from PyTorch's judged as the image embeddings' (below)
+    ids = [reference.input_ids] + [np.array([[token]]) for token in reference.tokens[: len(reference.calls) - 1]]
+    computed = family.ov_call_inputs(parts, directory, ids, reference.inputs)
+    for name in sorted({k for c in computed for k in c if np.asarray(c[k]).dtype != bool}):
+        vision[f"max_abs_diff_{name}"] = float(max(np.max(np.abs(c[name] - call[name])) for c, call
+                                                   in zip(computed, reference.calls) if name in call and c[name].size))
     del parts  # the vision and text embeddings graphs are freed before the language model compiles
     text_model = embed = None
-    feeds = [{**{k: v for k, v in call.items() if k not in ("inputs_embeds", "logits")},
+    feeds = [{**{k: v for k, v in call.items() if k not in ("inputs_embeds", "logits")}, **others,
               "inputs_embeds": inputs_embeds, "beam_idx": np.zeros(inputs_embeds.shape[0], dtype=np.int32)}
-             for call, inputs_embeds in zip(reference.calls, embeds)]
+             for call, inputs_embeds, others in zip(reference.calls, embeds, computed)]
     outputs, run = language_model_logits(directory / LANGUAGE_XML, feeds)
     logits = [call["logits"] for call in reference.calls]
     tolerance = scaled_tolerance(fmt, logits) if enforced else None
@@ -216,6 +229,11 @@ def validate_parts(directory: Path, reference: Reference, weight_format: str | N
     if why is None and enforced and vision["max_abs_diff_image_embeds"] > RELATIVE_TOLERANCE[fmt] * scale:
         why = (f"the image embeddings differ by {vision['max_abs_diff_image_embeds']:.2e} "
                f"(tolerance {RELATIVE_TOLERANCE[fmt] * scale:.2e})")
+    for name in sorted({k for c in computed for k in c} & {k[len("max_abs_diff_"):] for k in vision}):
+        diff = vision[f"max_abs_diff_{name}"]
+        scale = max([1.0] + [float(np.max(np.abs(c[name]))) for c in reference.calls if name in c])
+        if why is None and enforced and diff > RELATIVE_TOLERANCE[fmt] * scale:
+            why = f"{name} differ by {diff:.2e} (tolerance {RELATIVE_TOLERANCE[fmt] * scale:.2e})"
     report = {
         "compile_config": dict(EXACT_CONFIG),
         "run": {**run, "image": family.describe_image(reference.inputs)},
@@ -405,8 +423,8 @@ def run_vlm_export(model: str, output_dir, opts: ExportOptions, *, raw_export: C
         model_type = getattr(config, "model_type", None)
         if model_type not in supported_vlm_types():
             raise ModelNotSupportedError(
-                f"{model_type} is not a model type --task {VLM_SHARED_TASK} exports (it exports "
-                f"{', '.join(supported_vlm_types())}); for a text-only export of its language model use "
+                f"{model_type} is not a model type --task {VLM_SHARED_TASK} exports: {not_exported_reason(model_type)} "
+                f"(it exports {', '.join(supported_vlm_types())}); for a text-only export of its language model use "
                 "--task text-generation-shared")
         weight_format = (quantization or {}).get("weight_format") or opts.weight_format
         dataset = plan_calibration(model, opts, quantization, quantization_config)

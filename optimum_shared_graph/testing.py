@@ -932,22 +932,29 @@ _LLAVA_CHAT_TEMPLATE = (
 )
 
 
-def _llava_processor(spec: dict[str, Any], tokenizer: Any, out_dir: Path) -> Any:
-    """llava-hf/llava-1.5-7b-hf's processor: CLIPImageProcessor (preprocessor_config.json), LlavaProcessor
-    (processor_config.json)."""
-    from transformers import CLIPImageProcessor, LlavaProcessor
+def _saved_processor(image_class: str, processor_class: str, spec: dict[str, Any], tokenizer: Any, out_dir: Path) -> Any:
+    """A processor of transformers' `processor_class` around its `image_class` image processor, saved as the LLaVA-style
+    releases are: preprocessor_config.json (with the processor's class), the tokenizer, processor_config.json (the
+    processor's own keys)."""
+    import transformers
 
-    image = CLIPImageProcessor(**spec["image_processor"])
-    processor = LlavaProcessor(image_processor=image, tokenizer=tokenizer, chat_template=spec["chat_template"],
-                               **spec["processor"])
+    image = getattr(transformers, image_class)(**spec["image_processor"])
+    processor = getattr(transformers, processor_class)(image_processor=image, tokenizer=tokenizer,
+                                                       chat_template=spec["chat_template"], **spec["processor"])
     image.save_pretrained(str(out_dir))
     tokenizer.save_pretrained(str(out_dir))
     path = out_dir / "preprocessor_config.json"
     config = json.loads(path.read_text())
-    path.write_text(json.dumps(dict(sorted({**config, "processor_class": "LlavaProcessor"}.items())), indent=2) + "\n")
+    path.write_text(json.dumps(dict(sorted({**config, "processor_class": processor_class}.items())), indent=2) + "\n")
     (out_dir / "processor_config.json").write_text(json.dumps(
-        {**spec["processor"], "processor_class": "LlavaProcessor"}, indent=2, sort_keys=True) + "\n")
+        {**spec["processor"], "processor_class": processor_class}, indent=2, sort_keys=True) + "\n")
     return processor
+
+
+def _llava_processor(spec: dict[str, Any], tokenizer: Any, out_dir: Path) -> Any:
+    """llava-hf/llava-1.5-7b-hf's processor: CLIPImageProcessor (preprocessor_config.json), LlavaProcessor
+    (processor_config.json)."""
+    return _saved_processor("CLIPImageProcessor", "LlavaProcessor", spec, tokenizer, out_dir)
 
 
 # llava-hf/llava-1.5-7b-hf: `<image>` (image_token_index, an id of the tiny tokenizer here; the release's 32000), the
@@ -981,19 +988,7 @@ _MISTRAL3_CHAT_TEMPLATE = (
 def _pixtral_processor(spec: dict[str, Any], tokenizer: Any, out_dir: Path) -> Any:
     """Mistral-Small-3.1's processor: PixtralImageProcessor (preprocessor_config.json), PixtralProcessor
     (processor_config.json)."""
-    from transformers import PixtralImageProcessor, PixtralProcessor
-
-    image = PixtralImageProcessor(**spec["image_processor"])
-    processor = PixtralProcessor(image_processor=image, tokenizer=tokenizer, chat_template=spec["chat_template"],
-                                 **spec["processor"])
-    image.save_pretrained(str(out_dir))
-    tokenizer.save_pretrained(str(out_dir))
-    path = out_dir / "preprocessor_config.json"
-    config = json.loads(path.read_text())
-    path.write_text(json.dumps(dict(sorted({**config, "processor_class": "PixtralProcessor"}.items())), indent=2) + "\n")
-    (out_dir / "processor_config.json").write_text(json.dumps(
-        {**spec["processor"], "processor_class": "PixtralProcessor"}, indent=2, sort_keys=True) + "\n")
-    return processor
+    return _saved_processor("PixtralImageProcessor", "PixtralProcessor", spec, tokenizer, out_dir)
 
 
 # mistralai/Mistral-Small-3.1-24B-Instruct-2503: `[IMG]`, `[IMG_BREAK]`, `[IMG_END]` (the release's ids 10, 12, 13;
@@ -1070,20 +1065,7 @@ _LLAVA_NEXT_CHAT_TEMPLATE = (
 def _llava_next_processor(spec: dict[str, Any], tokenizer: Any, out_dir: Path) -> Any:
     """llava-hf/llava-v1.6-mistral-7b-hf's processor: LlavaNextImageProcessor (preprocessor_config.json),
     LlavaNextProcessor (processor_config.json)."""
-    from transformers import LlavaNextImageProcessor, LlavaNextProcessor
-
-    image = LlavaNextImageProcessor(**spec["image_processor"])
-    processor = LlavaNextProcessor(image_processor=image, tokenizer=tokenizer, chat_template=spec["chat_template"],
-                                   **spec["processor"])
-    image.save_pretrained(str(out_dir))
-    tokenizer.save_pretrained(str(out_dir))
-    path = out_dir / "preprocessor_config.json"
-    config = json.loads(path.read_text())
-    path.write_text(json.dumps(dict(sorted({**config, "processor_class": "LlavaNextProcessor"}.items())), indent=2)
-                    + "\n")
-    (out_dir / "processor_config.json").write_text(json.dumps(
-        {**spec["processor"], "processor_class": "LlavaNextProcessor"}, indent=2, sort_keys=True) + "\n")
-    return processor
+    return _saved_processor("LlavaNextImageProcessor", "LlavaNextProcessor", spec, tokenizer, out_dir)
 
 
 # llava-hf/llava-v1.6-mistral-7b-hf: `<image>` (image_token_index; the release's 32000), its preprocessor_config.json

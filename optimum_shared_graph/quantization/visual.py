@@ -15,7 +15,10 @@ state the prefill left. Here, as `both_stages` does for a text model:
    embedding of the previous pick and the real state. Each call is one sample;
 3. the samples go to NNCF through optimum-intel's own entry point (`OVModelForVisualCausalLM._apply_quantization(...,
    calibration_dataset=...)`, the language model's samples under its `lm_model`): the language model gets the
-   flags' config, the other graphs optimum-intel's own default for them (int8 symmetric weights, data-free);
+   flags' config, the other graphs optimum-intel's own default for them (int8 symmetric weights, data-free); a full
+   or mixed config (`--quant-mode`) also goes, as optimum-intel gives it, to the vision embedding graphs, calibrated
+   on their own calls for the same images (recorded with optimum-intel's `InferRequestWrapper` while step 2 builds
+   the prefills, as its `_prepare_visual_causal_lm_calibration_data` does);
 4. the quantized language model is made stateful with optimum-intel's own `patch_stateful`, the transform its
    stateful export applies after conversion.
 

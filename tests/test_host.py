@@ -130,10 +130,12 @@ def _state():
     import optimum.exporters.openvino.__main__ as ov_main
     import optimum.exporters.openvino.convert as ov_convert
     from optimum.exporters.tasks import TasksManager
+    from optimum.intel.openvino.configuration import OVQuantizationConfigBase
     from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
     return {
+        "_dataclasses_to_dict": OVQuantizationConfigBase.__dict__["_dataclasses_to_dict"],
         "export_from_model": ov_convert.export_from_model, "_save_model": ov_convert._save_model,
         "export_pytorch": ov_convert.export_pytorch, "main_export": ov_main.main_export,
         "_main_quantize": ov_main._main_quantize,
@@ -157,6 +159,7 @@ def test_each_patch_is_active_inside_and_undone_on_exit_also_after_an_error():
         "export_pytorch": host.dynamic_graph_skipped,
         "main_export": lambda: host.main_export_wrapped(lambda bound, proceed: proceed()),
         "_main_quantize": lambda: host.main_quantize_wrapped(lambda bound, proceed: proceed()),
+        "_dataclasses_to_dict": host.config_enums_serialized,
         "get_model_from_task": lambda: host.model_loads_wrapped(lambda err: err),
         "masks": lambda: host.mask_functions_wrapped(("sdpa", "eager"), lambda f: (lambda *a, **k: f(*a, **k))),
         "attention": lambda: host.attention_functions_wrapped(("sdpa",), lambda f: (lambda *a, **k: f(*a, **k))),

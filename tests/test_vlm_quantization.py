@@ -110,14 +110,6 @@ def _refused(checkpoint, tmp_path, config, match):
     assert not out.exists() and not [p for p in tmp_path.iterdir() if p.name.startswith(".out")]
 
 
-def test_full_quantization_is_refused(checkpoint, tmp_path):
-    """Full quantization (`--quant-mode`) calibrates optimum-intel's vision graphs too, which is not built."""
-    path = write_dataset(tmp_path / "data", 1)
-    _refused(checkpoint, tmp_path, {"dtype": "int8", "dataset": str(path), "fast_bias_correction": True},
-             r"^--quant-mode int8 does not apply with --task image-text-to-text-shared yet \(full and mixed "
-             r"quantization calibrate the vision graphs too\)")
-
-
 def test_dataset_name_without_the_datasets_package_is_refused(checkpoint, tmp_path):
     import importlib.util
 
@@ -263,3 +255,70 @@ def test_gemma3_calibrates_with_its_token_types(tmp_path):
     for consumer in ("optimum-vlm", "genai-vlm"):
         report = osg.validate(out, consumer=consumer, properties=EXACT)
         assert report["status"] == "passed" and report["greedy_match"], report
+
+
+# ------------------------------------------------------------------------------------- full quantization (int8)
+
+
+@pytest.fixture(scope="module")
+def int8(checkpoint, tmp_path_factory):
+    """The checkpoint exported by optimum-cli with --quant-mode int8 (int8 activations and weights), calibrated on 4
+    images: the language model on both stages, the vision embedding graphs on their calls for the same images."""
+    root = tmp_path_factory.mktemp("int8")
+    dataset = write_dataset(root / "data")
+    out = root / "out"
+    proc = run_cli("export", "openvino", "-m", str(checkpoint), "--task", TASK, "--quant-mode", "int8",
+                   "--dataset", str(dataset), str(out))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return out, dataset, proc
+
+
+def _fake_quantize(xml) -> int:
+    import openvino as ov
+
+    return sum(op.get_type_name() == "FakeQuantize" for op in ov.Core().read_model(xml).get_ops())
+
+
+@pytest.mark.slow  # the export: about 45 s
+@pytest.mark.timeout(900)
+def test_full_quantization_calibrates_the_language_model_on_both_stages_and_the_vision_graphs(int8):
+    """optimum-intel's meaning of full quantization for a vision-language model: the language model and the
+    vision embedding graphs (its `OVVisionEmbedding` components) get int8 activations, each calibrated on its own
+    inputs; the other graphs optimum-intel's 8-bit weights. The language model's samples are each image's prefill
+    and its 4 decode calls; the range estimator (MINMAX) is the language model's only."""
+    out, dataset, proc = int8
+    manifest = json.loads((out / "shared_graph.json").read_text())
+    assert manifest["quantization"]["quant_mode"] == "int8"
+    assert manifest["quantization"]["calibration_samples"] == {"prefill": len(INSTRUCTIONS),
+                                                               "decode": len(INSTRUCTIONS) * DECODE_STEPS}
+    assert manifest["quantization"]["dataset"] == str(dataset)
+    logged = proc.stdout + proc.stderr
+    samples = len(INSTRUCTIONS) * (1 + DECODE_STEPS)
+    assert re.search(rf"Statistics collection .* {samples}/{samples}", logged), logged[-3000:]
+    # the vision graphs: one call each per image
+    assert re.search(rf"Statistics collection .* {len(INSTRUCTIONS)}/{len(INSTRUCTIONS)}", logged), logged[-3000:]
+    assert _fake_quantize(out / "openvino_language_model.xml") > 0
+    for graph in ("openvino_vision_embeddings_model.xml", "openvino_vision_embeddings_merger_model.xml"):
+        assert _fake_quantize(out / graph) > 0, graph
+    for graph in ("openvino_text_embeddings_model.xml", "openvino_vision_embeddings_pos_model.xml"):
+        assert _fake_quantize(out / graph) == 0 and _weight_types(out / graph) & {"i8", "u8"}, graph
+    assert manifest["stateful"] and manifest["graph"]["states"] == 8
+    configs = json.loads((out / "openvino_config.json").read_text())["quantization_config"]["quantization_configs"]
+    assert sorted(configs) == ["lm_model", "vision_embeddings_merger_model", "vision_embeddings_model"]
+    ranges = configs["lm_model"]["advanced_parameters"]["activations_range_estimator_params"]
+    assert ranges["min"]["statistics_type"] == "min" and ranges["max"]["aggregator_type"] == "max"
+    for name in ("vision_embeddings_model", "vision_embeddings_merger_model"):  # the flags' config, NNCF's ranges
+        assert "advanced_parameters" not in configs[name] and configs[name]["dtype"] == "int8", name
+    validation = manifest["validation"]
+    assert validation["status"] == "recorded" and not validation["enforced"]
+
+
+@pytest.mark.slow  # the export above, then about 10 s
+@pytest.mark.timeout(900)
+def test_full_quantization_through_the_vlm_consumers(int8):
+    out, _dataset, _proc = int8
+    optimum = osg.validate(out, consumer="optimum-vlm", properties=EXACT)
+    assert optimum["status"] == "passed" and optimum["greedy_match"], optimum
+    assert optimum["max_abs_diff_prefill"] < 1e-4 and optimum["max_abs_diff_decode"] < 1e-4, optimum
+    genai = osg.validate(out, consumer="genai-vlm", properties=EXACT)
+    assert genai["status"] == "passed" and genai["greedy_match"], genai

@@ -20,6 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .command import export_command_extended
+from .configuration import config_enums_serialized
 from .exporter import (
     dynamic_graph_skipped, graphs_before_save, main_export_wrapped, main_quantize_wrapped, models_handed_over,
     transformers_cap_lifted,
@@ -105,6 +106,11 @@ PATCHES: tuple[Patch, ...] = (
           parameters=("model_name_or_path", "output", "quantization_config", "trust_remote_code", "cache_dir",
                       "model_kwargs"),
           reached_by=("optimum.commands.export.openvino:OVExportCommand.run",)),
+    Patch("config_enums_serialized", "optimum.intel.openvino.configuration:OVQuantizationConfigBase._dataclasses_to_dict",
+          "a vision-language model's full quantization config written to openvino_config.json with its NNCF range "
+          "estimator (enum members as values)", "quantization/visual.quantize_vlm_both_stages (stage 3)",
+          parameters=("d",),
+          reached_by=("optimum.intel.openvino.configuration:OVQuantizationConfigBase.to_dict",)),
     Patch("unexpected_keys_ignored", "transformers:PreTrainedModel._keys_to_ignore_on_load_unexpected",
           "a multimodal checkpoint's left-out weights not listed as unexpected when its language model loads",
           "pipeline/multimodal.left_out_unreported (stage 3)",
@@ -146,7 +152,8 @@ PATCHES: tuple[Patch, ...] = (
 )
 
 __all__ = [
-    "PATCHES", "Patch", "attention_functions_wrapped", "cache_passed_through", "dynamic_graph_skipped",
+    "PATCHES", "Patch", "attention_functions_wrapped", "cache_passed_through", "config_enums_serialized",
+    "dynamic_graph_skipped",
     "export_command_extended", "export_configs_replaced", "graphs_before_save", "main_export_wrapped",
     "main_quantize_wrapped", "mask_functions_wrapped", "model_loads_wrapped", "models_handed_over",
     "openvino_entries", "qwen3_5_generate_fixed", "task_registered", "transformers_cap_lifted",

@@ -359,8 +359,7 @@ def plan_calibration(model: str, opts: ExportOptions, quantization: dict[str, An
     flags ask for none; checked before any work.
 
     Raises:
-        InvalidOptionsError: full or mixed quantization (`--quant-mode`), which also calibrates the vision graphs (not
-            built), or a `--dataset` that is neither a readable JSON-lines file nor one of optimum-intel's
+        InvalidOptionsError: a `--dataset` that is neither a readable JSON-lines file nor one of optimum-intel's
             vision-language sets (or one of those without the `datasets` package that reads it), or a checkpoint
             without the processor the images go through.
     """
@@ -380,11 +379,6 @@ def plan_calibration(model: str, opts: ExportOptions, quantization: dict[str, An
                       and is_data_aware(quantization_config()))
     if not data_aware:
         return None
-    if quantization.get("quant_mode"):
-        raise InvalidOptionsError(
-            f"--quant-mode {quantization['quant_mode']} does not apply with --task {VLM_SHARED_TASK} yet (full and "
-            "mixed quantization calibrate the vision graphs too): use --weight-format with --dataset and a data-aware "
-            "algorithm (--awq, --scale-estimation, --gptq, ...)")
     if dataset is None:  # the API's config with a list of texts as its dataset: no images
         raise InvalidOptionsError("data-aware quantization of a vision-language model calibrates on images: give "
                                   "the config's dataset as a JSON-lines file of images and instructions")
@@ -426,7 +420,9 @@ def run_vlm_export(model: str, output_dir, opts: ExportOptions, *, raw_export: C
                 f"{model_type} is not a model type --task {VLM_SHARED_TASK} exports: {not_exported_reason(model_type)} "
                 f"(it exports {', '.join(supported_vlm_types())}); for a text-only export of its language model use "
                 "--task text-generation-shared")
-        weight_format = (quantization or {}).get("weight_format") or opts.weight_format
+        # an activation-quantized graph (`--quant-mode`) has int8 weights too
+        weight_format = ("int8" if (quantization or {}).get("quant_mode")
+                         else (quantization or {}).get("weight_format") or opts.weight_format)
         dataset = plan_calibration(model, opts, quantization, quantization_config)
         calibration, calibrated = None, contextlib.nullcontext()
         if dataset is not None:  # optimum-intel's data-aware quantization, on both stages of the language model

@@ -228,19 +228,33 @@ def _prepared_config(model, quantization_config: Any, model_name_or_path: str):
 
 
 def _apply_calibrated(model, config, samples, *, model_name_or_path: str, trust_remote_code: bool,
-                      submodel: str | None = None, **save) -> None:
+                      submodel: str | None = None, others: dict | None = None, **save) -> None:
     """optimum-intel's quantization of `model.model` with NNCF, on `samples` (every one of them, with
     this package's activation range estimator); `submodel`: the name of the graph of a model of several the
-    samples are of (`"lm_model"`: a vision-language model's language model); `save` is `_apply_quantization`'s
+    samples are of (`"lm_model"`: a vision-language model's language model), `others` the NNCF datasets of other
+    graphs of it (a vision-language model's vision graphs in full quantization); `save` is `_apply_quantization`'s
     saving arguments."""
-    from optimum.intel.openvino.quantization import OVCalibrationDataset
+    from optimum.intel.openvino.configuration import OVPipelineQuantizationConfig
+    from optimum.intel.openvino.quantization import OVCalibrationDataset, OVQuantizer
 
     dataset = samples.nncf_dataset()
+    config = _with_num_samples(config, len(samples))
+    if submodel and not isinstance(config, OVPipelineQuantizationConfig):
+        # optimum-intel's own config of each graph (a vision-language model's full config: the language model's and
+        # the vision embedding graphs'), the range estimator on the calibrated graph's only: the others keep NNCF's
+        pipeline = OVQuantizer(model)._construct_pipeline_quantization_config(config)
+        if submodel in pipeline.quantization_configs:
+            part = _with_activation_range(pipeline.quantization_configs[submodel].clone(), ACTIVATION_RANGE_ESTIMATOR)
+            pipeline.quantization_configs[submodel] = part
+        config = pipeline
+    else:
+        config = _with_activation_range(config, ACTIVATION_RANGE_ESTIMATOR)
     model._apply_quantization(
-        _with_activation_range(_with_num_samples(config, len(samples)), ACTIVATION_RANGE_ESTIMATOR),
+        config,
         compile_only=False, compile_model=False, model_name_or_path=model_name_or_path,
         trust_remote_code=trust_remote_code,
-        calibration_dataset=OVCalibrationDataset({submodel: dataset} if submodel else dataset), **save,
+        calibration_dataset=OVCalibrationDataset({submodel: dataset, **(others or {})} if submodel else dataset),
+        **save,
     )
 
 

@@ -15,7 +15,10 @@ state the prefill left. Here, as `both_stages` does for a text model:
    embedding of the previous pick and the real state. Each call is one sample;
 3. the samples go to NNCF through optimum-intel's own entry point (`OVModelForVisualCausalLM._apply_quantization(...,
    calibration_dataset=...)`, the language model's samples under its `lm_model`): the language model gets the
-   flags' config, the other graphs optimum-intel's own default for them (int8 symmetric weights, data-free);
+   flags' config, the other graphs optimum-intel's own default for them (int8 symmetric weights, data-free); a full
+   or mixed config (`--quant-mode`) also goes, as optimum-intel gives it, to the vision embedding graphs, calibrated
+   on their own calls for the same images (recorded with optimum-intel's `InferRequestWrapper` while step 2 builds
+   the prefills, as its `_prepare_visual_causal_lm_calibration_data` does);
 4. the quantized language model is made stateful with optimum-intel's own `patch_stateful`, the transform its
    stateful export applies after conversion.
 
@@ -347,21 +350,75 @@ def quantize_vlm_both_stages(model_name_or_path: str, output: str | os.PathLike,
     language = model.ov_models["lm_model"]
     names = {port.get_any_name() for port in language.inputs}
     items = dataset_items(dataset, model, config, trust_remote_code)
-    prefills = [prefill_inputs(model, processor, tokenizer, item, names) for item in items]
+    with vision_inputs_collected(model, config) as vision:
+        prefills = [prefill_inputs(model, processor, tokenizer, item, names) for item in items]
     exported = ov.Core().read_model(output / LANGUAGE_XML)  # the shapes as exported (weights mapped, not read)
     shapes = {port.get_any_name(): port.get_partial_shape() for port in exported.inputs}
     del exported
     samples = VisualBothStageSamples(language, model.ov_models["text_embeddings_model"], prefills, decode_steps,
                                      state_shapes=shapes)
     report.record(samples, decode_steps)
-    _apply_calibrated(model, config, samples, model_name_or_path=model_name_or_path,
-                      trust_remote_code=trust_remote_code, submodel="lm_model", save_directory=output,
-                      immediate_save=True)
+    with host.config_enums_serialized():  # the range estimator in openvino_config.json
+        _apply_calibrated(model, config, samples, model_name_or_path=model_name_or_path,
+                          trust_remote_code=trust_remote_code, submodel="lm_model", others=vision_datasets(vision),
+                          save_directory=output, immediate_save=True)
     model_config = model.config
     del model, samples, language
     gc.collect()
     if stateful:
         make_stateful(output / LANGUAGE_XML, model_config, shapes)
+
+
+def is_full(config) -> bool:
+    """Whether `config` is full or mixed quantization (`--quant-mode`): optimum-intel then quantizes the vision
+    embedding graphs' activations too, calibrated on their own inputs."""
+    from optimum.intel.openvino.configuration import OVMixedQuantizationConfig, OVQuantizationConfig
+
+    return isinstance(config, (OVQuantizationConfig, OVMixedQuantizationConfig))
+
+
+@contextlib.contextmanager
+def vision_inputs_collected(model, config) -> Iterator[dict[str, list]]:
+    """While active, for a full or mixed `config`, every call of `model`'s vision embedding graphs (its
+    `OVVisionEmbedding` components, those optimum-intel's `_construct_pipeline_quantization_config` gives the full
+    config) is recorded by optimum-intel's own `InferRequestWrapper`, as its `_prepare_visual_causal_lm_calibration_data`
+    does: the yielded dict, `{"<component>_model": [inputs, ...]}`, empty for weight compression."""
+    from optimum.intel.openvino.modeling_visual_language import OVVisionEmbedding
+    from optimum.intel.openvino.quantization import InferRequestWrapper
+
+    collected: dict[str, list] = {}
+    wrapped = []
+    if is_full(config):
+        for name, component in model.components.items():
+            if isinstance(component, OVVisionEmbedding):
+                collected[f"{name}_model"] = []
+                component.compile()
+                component.request = InferRequestWrapper(component.request, collected[f"{name}_model"])
+                wrapped.append(component)
+    try:
+        yield collected
+    finally:
+        for component in wrapped:
+            component.request = component.request.request
+
+
+def vision_datasets(collected: dict[str, list]) -> dict[str, Any]:
+    """The NNCF datasets of the vision graphs' recorded calls; a call on a 4-D `pixel_values` of several images is
+    split into one sample per image, as optimum-intel's calibration does (lower peak memory)."""
+    import nncf
+    import torch
+
+    datasets = {}
+    for name, calls in collected.items():
+        single = []
+        for call in calls:
+            pixels = call.get("pixel_values") if isinstance(call, dict) else None
+            if isinstance(pixels, torch.Tensor) and pixels.dim() == 4 and pixels.shape[0] > 1:
+                single += [{k: v[i: i + 1] for k, v in call.items()} for i in range(pixels.shape[0])]
+            else:
+                single.append(call)
+        datasets[name] = nncf.Dataset(single)
+    return datasets
 
 
 def quantizer(dataset: VisualDataset, decode_steps: int, report: CalibrationReport):

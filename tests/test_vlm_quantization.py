@@ -192,12 +192,13 @@ def test_calibration_runs_on_both_stages(awq):
     assert validation["reference"]["judged_against"] == "graph"
 
 
-@pytest.mark.slow  # the export above, then about 20 s
+@pytest.mark.slow  # the export (the fixture's), then about 10 to 20 s
 @pytest.mark.timeout(900)
-def test_quantized_artifact_through_the_vlm_consumers(awq):
+@pytest.mark.parametrize("quantized", ["awq", "int8"])  # weight compression with AWQ; full int8 quantization
+def test_quantized_artifact_through_the_vlm_consumers(quantized, request):
     """OVModelForVisualCausalLM (teacher-forced) and VLMPipeline (greedy) reproduce the exported model's own
     logits and tokens under f32 properties, judged by the margins with the 16-bit rule of compressed weights."""
-    out, _dataset, _proc = awq
+    out, _dataset, _proc = request.getfixturevalue(quantized)
     optimum = osg.validate(out, consumer="optimum-vlm", properties=EXACT)
     assert optimum["status"] == "passed" and optimum["greedy_match"], optimum
     assert optimum["max_abs_diff_prefill"] < 1e-4 and optimum["max_abs_diff_decode"] < 1e-4, optimum
@@ -311,14 +312,3 @@ def test_full_quantization_calibrates_the_language_model_on_both_stages_and_the_
         assert "advanced_parameters" not in configs[name] and configs[name]["dtype"] == "int8", name
     validation = manifest["validation"]
     assert validation["status"] == "recorded" and not validation["enforced"]
-
-
-@pytest.mark.slow  # the export above, then about 10 s
-@pytest.mark.timeout(900)
-def test_full_quantization_through_the_vlm_consumers(int8):
-    out, _dataset, _proc = int8
-    optimum = osg.validate(out, consumer="optimum-vlm", properties=EXACT)
-    assert optimum["status"] == "passed" and optimum["greedy_match"], optimum
-    assert optimum["max_abs_diff_prefill"] < 1e-4 and optimum["max_abs_diff_decode"] < 1e-4, optimum
-    genai = osg.validate(out, consumer="genai-vlm", properties=EXACT)
-    assert genai["status"] == "passed" and genai["greedy_match"], genai

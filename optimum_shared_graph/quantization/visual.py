@@ -175,14 +175,11 @@ def dataset_items(dataset: VisualDataset, model, config, trust_remote_code: bool
     return items
 
 
-@contextlib.contextmanager
-def _positions_fixed(model) -> Iterator[None]:
-    """While active, `model.get_multimodal_embeddings` runs under transformers 5.5 (module docstring)."""
-    if model.config.model_type in ("qwen3_5", "qwen3_5_moe"):
-        with host.qwen3_5_generate_fixed():
-            yield
-    else:
-        yield
+def _is_qwen3_5(model) -> bool:
+    """Whether `model` is one whose `get_multimodal_embeddings` needs 5.5's positions (module docstring)."""
+    from ..architectures.qwen3_5 import VLM_MODEL_TYPES
+
+    return model.config.model_type in VLM_MODEL_TYPES
 
 
 def prefill_inputs(model, processor, tokenizer, item: Item, names: set[str]) -> dict[str, np.ndarray]:
@@ -192,9 +189,10 @@ def prefill_inputs(model, processor, tokenizer, item: Item, names: set[str]) -> 
 
     inputs = model.preprocess_inputs(text=item.text, image=item.image, processor=processor, tokenizer=tokenizer,
                                      config=model.config)
-    with _positions_fixed(model), torch.no_grad():
+    qwen3_5 = _is_qwen3_5(model)
+    with host.qwen3_5_generate_fixed() if qwen3_5 else contextlib.nullcontext(), torch.no_grad():
         extra = {}
-        if model.config.model_type in ("qwen3_5", "qwen3_5_moe"):
+        if qwen3_5:
             extra["position_ids"] = model._prepare_position_ids_for_generation(inputs["input_ids"], dict(inputs))
         embeds, mask, positions, *_ = model.get_multimodal_embeddings(**inputs, **extra)
         if positions is None:  # a family whose positions generation's input preparation makes (Gemma 3: from 1)

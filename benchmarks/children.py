@@ -34,7 +34,8 @@ class ChildResult:
     peak_rss_mb: float
     stdout: str
     stderr: str
-    peak_anon_mb: float = float("nan")  # anonymous memory (RssAnon, sampled every 50 ms): not file pages
+    peak_anon_mb: float = float("nan")  # anonymous memory (RssAnon of the tree, sampled every 50 ms): not file pages
+    peak_pss_mb: float = float("nan")  # the tree's PSS (shared pages counted once), sampled every 250 ms
 
     def json(self) -> dict:
         """The last line of stdout that parses as JSON."""
@@ -56,7 +57,8 @@ def run_child(args: list[str], *, timeout: float = 3600, log: Path | None = None
         start = time.perf_counter()
         proc = subprocess.Popen(args, stdout=out, stderr=err, text=True, env=child_env())
         deadline = start + timeout
-        peak_anon = float("nan")
+        peak_anon = peak_pss = float("nan")
+        tick = 0
         while True:
             pid, status, rusage = os.wait4(proc.pid, os.WNOHANG)
             if pid:
@@ -64,6 +66,9 @@ def run_child(args: list[str], *, timeout: float = 3600, log: Path | None = None
             anon = _rss_anon_mb(proc.pid)
             if anon == anon:
                 peak_anon = anon if peak_anon != peak_anon else max(peak_anon, anon)
+            if tick % 5 == 0 and (pss := pss_mb(proc.pid)) == pss:
+                peak_pss = pss if peak_pss != peak_pss else max(peak_pss, pss)
+            tick += 1
             if time.perf_counter() > deadline:
                 proc.kill()
             time.sleep(0.05)
@@ -75,18 +80,49 @@ def run_child(args: list[str], *, timeout: float = 3600, log: Path | None = None
     if log is not None:
         log.parent.mkdir(parents=True, exist_ok=True)
         log.write_text(f"$ {' '.join(args)}\n--- stdout\n{stdout}\n--- stderr\n{stderr}\n")
-    return ChildResult(proc.returncode, wall, rusage.ru_maxrss / 1024, stdout, stderr, peak_anon)
+    return ChildResult(proc.returncode, wall, rusage.ru_maxrss / 1024, stdout, stderr, peak_anon, peak_pss)
+
+
+def tree(pid: int) -> list[int]:
+    """`pid` and every process below it (an export's capture beside its conversion, optimum-cli's children)."""
+    found, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        found.append(p)
+        for task in Path(f"/proc/{p}/task").glob("*/children"):
+            try:
+                todo += [int(c) for c in task.read_text().split()]
+            except OSError:
+                pass
+    return found
 
 
 def _rss_anon_mb(pid: int) -> float:
-    """A running process's anonymous resident memory (heap, copies of weights): what file pages are not."""
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("RssAnon:"):
-                return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return float("nan")
+    """The anonymous resident memory (heap, copies of weights: what file pages are not) of a running process and
+    every process below it, summed."""
+    total, seen = 0.0, False
+    for p in tree(pid):
+        try:
+            for line in Path(f"/proc/{p}/status").read_text().splitlines():
+                if line.startswith("RssAnon:"):
+                    total, seen = total + int(line.split()[1]) / 1024, True
+        except OSError:
+            pass
+    return total if seen else float("nan")
+
+
+def pss_mb(pid: int) -> float:
+    """The proportional set size of a running process and every process below it, summed: resident memory with
+    each page shared between them (the memory-mapped weights two processes read) counted once."""
+    total, seen = 0.0, False
+    for p in tree(pid):
+        try:
+            for line in Path(f"/proc/{p}/smaps_rollup").read_text().splitlines():
+                if line.startswith("Pss:"):
+                    total, seen = total + int(line.split()[1]) / 1024, True
+        except OSError:
+            pass
+    return total if seen else float("nan")
 
 
 def status_mb(field: str) -> float:

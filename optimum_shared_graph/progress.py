@@ -4,6 +4,10 @@
 switch for the step bars that `bar()` returns to the long loops (generate() capture, validation,
 calibration). Outside an export, or when progress is off, `bar()` returns tqdm's disabled bar,
 which takes the same calls and shows nothing.
+
+`step()` marks where each finer step of the export starts (the model load, the capture, optimum-intel's conversion
+and save, each validation part's compile and run, the hashing, ...); `recording_steps()` collects the marks for a
+benchmark (`benchmarks/export_stages.py`). Outside a recording a mark costs nothing.
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import sys
+import time
 from typing import Any, Iterable, Iterator
 
 from .tasks import TASK
@@ -66,6 +71,27 @@ def stage(name: str) -> None:
     export = _current.get()
     if export is not None:
         export.stage(name)
+
+
+_steps: contextvars.ContextVar[list | None] = contextvars.ContextVar("optimum_shared_graph_steps", default=None)
+
+
+def step(name: str) -> None:
+    """Mark that step `name` of the export starts now (the previous one ends), for `recording_steps()`."""
+    marks = _steps.get()
+    if marks is not None:
+        marks.append((time.perf_counter(), name))
+
+
+@contextlib.contextmanager
+def recording_steps() -> Iterator[list[tuple[float, str]]]:
+    """Collect the `step()` marks made while active: a list of `(time.perf_counter(), name)`, in order."""
+    marks: list[tuple[float, str]] = []
+    token = _steps.set(marks)
+    try:
+        yield marks
+    finally:
+        _steps.reset(token)
 
 
 def bar(desc: str, total: int | None = None, *, iterable: Iterable[Any] | None = None, unit: str = "step"):

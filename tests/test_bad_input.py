@@ -114,19 +114,34 @@ def flip_model(tmp_path_factory):
     return remote_code_llama(path, "modeling_flip", "FlipLlamaForCausalLM", _FLIP_MODELING)
 
 
-@pytest.mark.parametrize("memory", ["found", "parts"])
+@pytest.mark.parametrize("memory", ["found", "parts", "capture beside"])
 def test_failed_validation_writes_nothing(flip_model, out_dir_both, memory, monkeypatch):
-    """The broken-decode model is refused, its graph compiled whole or validated part by part."""
-    from optimum_shared_graph.pipeline.memory import MEMORY_ENV, RESERVE
+    """The broken-decode model is refused, its graph compiled whole or validated part by part, its capture made in
+    the export's process or in one of its own beside optimum-intel's conversion."""
+    from optimum_shared_graph.pipeline.memory import CAPTURE_ENV, MEMORY_ENV, RESERVE
 
     if memory == "parts":  # parts of ~200 KB: the tiny llama in several parts
         monkeypatch.setenv(MEMORY_ENV, str(RESERVE + 300_000))
+    if memory == "capture beside":
+        monkeypatch.setenv(CAPTURE_ENV, "beside")
     before = tree_snapshot(out_dir_both)
     proc = _export(flip_model, out_dir_both, "--trust-remote-code")
     assert proc.returncode != 0
     line = error_line(proc)
     assert line.startswith("error: validation failed") and "greedy token" in line
     _assert_unchanged(out_dir_both, before)
+
+
+def test_capture_choice_not_understood(tiny_model, out_dir, monkeypatch):
+    from optimum_shared_graph.pipeline.memory import CAPTURE_ENV
+
+    monkeypatch.setenv(CAPTURE_ENV, "sideways")
+    before = tree_snapshot(out_dir)
+    proc = _export(tiny_model("llama"), out_dir)
+    assert proc.returncode != 0
+    assert error_line(proc) == ("error: OPTIMUM_SHARED_GRAPH_CAPTURE='sideways' is not beside or inline: set it to one "
+                                "of them or unset it")
+    _assert_unchanged(out_dir, before)
 
 
 def test_skip_validation_keeps_an_unchecked_artifact(flip_model, tmp_path):

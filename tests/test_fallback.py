@@ -66,8 +66,15 @@ def opaque_model(tmp_path_factory):
     return path
 
 
-def test_undecomposable_model_falls_back_to_with_past(opaque_model, tmp_path):
+@pytest.mark.parametrize("capture", ["inline", "beside"])
+def test_undecomposable_model_falls_back_to_with_past(opaque_model, tmp_path, capture, monkeypatch):
+    """Found by the capture before optimum-intel converts, or by the capture beside its conversion (converted
+    again, as a fallback)."""
     import openvino as ov
+
+    from optimum_shared_graph.pipeline.memory import CAPTURE_ENV
+
+    monkeypatch.setenv(CAPTURE_ENV, capture)
     from optimum.intel import OVModelForCausalLM
     from transformers import AutoTokenizer, LlamaForCausalLM
 

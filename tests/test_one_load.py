@@ -142,3 +142,44 @@ def test_the_export_s_own_loading_uses_dtype_not_the_deprecated_torch_dtype(tiny
     ours, control = proc.stderr.split("--- control ---")
     assert "torch_dtype" in control, control[-2000:]
     assert "torch_dtype" not in ours, ours[-2000:]
+
+
+def test_capture_beside_the_conversion_is_the_same_capture(fp16_model, tmp_path, monkeypatch):
+    """The capture in a process of its own, on its own load of the same files, while optimum-intel converts
+    (`pipeline/capture_beside.py`): the same calls and logits as the capture in the export's process, and nothing
+    of it left behind."""
+    import optimum_shared_graph as osg
+    from optimum_shared_graph.pipeline.memory import CAPTURE_ENV
+
+    manifests = {}
+    for where in ("inline", "beside"):
+        monkeypatch.setenv(CAPTURE_ENV, where)
+        manifests[where] = osg.export(fp16_model, tmp_path / where, quiet=True).validation
+    assert manifests["inline"]["captured"] == "in the export's process"
+    assert manifests["beside"]["captured"] == "beside the conversion"
+    for key in ("status", "greedy_tokens", "decode_steps", "max_abs_diff_prefill", "max_abs_diff_decode"):
+        assert manifests["inline"][key] == manifests["beside"][key], key
+    assert manifests["beside"]["status"] == "passed"
+    reference = "shared_graph_reference.npz"
+    assert (tmp_path / "inline" / reference).read_bytes() == (tmp_path / "beside" / reference).read_bytes()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["beside", "inline"]  # no staging, no capture files
+    assert not [p for p in (tmp_path / "beside").iterdir() if p.name.startswith("capture")]
+
+
+def test_capture_beside_that_dies_is_made_in_the_export(fp16_model, tmp_path, monkeypatch):
+    """A capture process that dies (killed here, as the kernel's OOM killer would) costs its time, not the export:
+    the capture is made in the export's process on the model optimum-intel loaded."""
+    import optimum_shared_graph as osg
+    from optimum_shared_graph.pipeline import capture_beside
+    from optimum_shared_graph.pipeline.memory import CAPTURE_ENV
+
+    result = capture_beside.CaptureBeside.result
+
+    def killed_first(self):
+        self.proc.kill()
+        return result(self)
+
+    monkeypatch.setattr(capture_beside.CaptureBeside, "result", killed_first)
+    monkeypatch.setenv(CAPTURE_ENV, "beside")
+    validation = osg.export(fp16_model, tmp_path / "out", quiet=True).validation
+    assert validation["status"] == "passed" and validation["captured"] == "in the export's process"

@@ -78,16 +78,21 @@ def export_configs_replaced(model_type: str, tasks: tuple[str, ...], make: Calla
 
 
 @contextlib.contextmanager
-def model_loads_wrapped(load_error: Callable[[BaseException], BaseException], load_kwargs: dict | None = None):
+def model_loads_wrapped(load_error: Callable[[BaseException], BaseException], load_kwargs: dict | None = None,
+                        on_load: Callable[[tuple, dict], None] | None = None):
     """While active, optimum-intel's model load (`TasksManager.get_model_from_task`, a staticmethod) passes
-    `load_kwargs` on to `from_pretrained`, and any failure of it is raised as `load_error(err)`."""
+    `load_kwargs` on to `from_pretrained`, and any failure of it is raised as `load_error(err)`. `on_load(args,
+    kwargs)` is told each load's arguments (`load_kwargs` included) before it runs."""
     from optimum.exporters.tasks import TasksManager
 
     original = TasksManager.__dict__["get_model_from_task"]
 
     def get_model_from_task(*args, **kwargs):
+        kwargs = {**kwargs, **(load_kwargs or {})}
+        if on_load is not None:
+            on_load(args, kwargs)
         try:
-            return original.__func__(*args, **kwargs, **(load_kwargs or {}))
+            return original.__func__(*args, **kwargs)
         except Exception as err:
             raise load_error(err) from err
 

@@ -13,7 +13,7 @@ import os
 import shutil
 from pathlib import Path
 
-from .. import host
+from .. import host, progress
 from ..errors import ArtifactWriteError, SharedGraphError
 from ..graph.precision import keep_vectors_exact
 
@@ -139,6 +139,15 @@ def remove_dead_staging(output: Path) -> list[Path]:
     return removed
 
 
+class ConvertAgain(Exception):
+    """Stops optimum-intel's export: the capture beside it found that the model gets optimum-intel's own
+    partitioning (`reason`), so it is converted again as a fallback."""
+
+    def __init__(self, reason: str):
+        super().__init__(reason)
+        self.reason = reason
+
+
 class InnerModelExport(Exception):
     """Stops optimum-intel's export of a wrapper: the inner causal LM saved in `directory` is exported instead."""
 
@@ -148,7 +157,7 @@ class InnerModelExport(Exception):
 
 
 @contextlib.contextmanager
-def one_model_load(on_model, *, load_error, before_save=None, load_kwargs=None):
+def one_model_load(on_model, *, load_error, before_save=None, load_kwargs=None, on_load=None):
     """While active, the model optimum-intel's export loads goes to `on_model(model, convert, output)` first.
 
     `output` is the directory optimum-intel writes into (with a quantization flag, its command exports into a
@@ -158,18 +167,21 @@ def one_model_load(on_model, *, load_error, before_save=None, load_kwargs=None):
     the validation reference, in the dtype optimum-intel picks. A failure of optimum-intel's loader is
     `load_error(err)`. `before_save(ov_model)` transforms each graph optimum-intel is about to save (the logits
     slice), so it writes the final graph once. `load_kwargs` go to the loader's `from_pretrained` (a multimodal
-    checkpoint's weight renaming, `multimodal.py`). The patches of optimum-intel are host/'s
+    checkpoint's weight renaming, `multimodal.py`); `on_load(args, kwargs)` is told the load's arguments before it
+runs (the capture beside the conversion, `capture_beside.py`). The patches of optimum-intel are host/'s
     (`models_handed_over`, `graphs_before_save`, `model_loads_wrapped`).
     """
 
     def save_hook(model, ov_config):
+        progress.step("graph edits")
         if before_save is not None:
             before_save(model)
         if getattr(ov_config, "dtype", None) == "fp16":  # what makes optimum-intel save with compress_to_fp16
             keep_vectors_exact(model)
+        progress.step("save (optimum-intel)")
 
     with host.models_handed_over(on_model), host.graphs_before_save(save_hook), \
-            host.model_loads_wrapped(load_error, load_kwargs):
+            host.model_loads_wrapped(load_error, load_kwargs, on_load):
         yield
 
 
@@ -182,7 +194,7 @@ def convert(raw_export, source: str, raw: Path, *, task: str, exported_type: str
     hand-over and the both-stage calibration) are active during the export; a static export without
     calibration skips optimum-intel's dynamic graph, which the static one replaces. Any
     failure of optimum-intel's is one `ModelNotSupportedError` line (a full disk: `ArtifactWriteError`).
-    `InnerModelExport` goes through: the caller exports the inner model instead.
+    `InnerModelExport` and `ConvertAgain` go through: the caller exports the inner model, or converts again.
     """
     from ..architectures import fix_applied
     from ..errors import ModelNotSupportedError
@@ -201,7 +213,7 @@ def convert(raw_export, source: str, raw: Path, *, task: str, exported_type: str
         else:  # optimum-intel's own partitioning for a vision-language model
             with hooks:
                 raw_export(source, raw, task=task)
-    except (SharedGraphError, InnerModelExport):
+    except (SharedGraphError, InnerModelExport, ConvertAgain):
         raise
     except (Exception, SystemExit) as err:  # optimum-intel reports with ValueError, RuntimeError, ...
         problem = disk_problem(raw.parent.parent, err)

@@ -72,6 +72,7 @@ class Capture:
     # ("language_model") and the inner model itself, which is what gets exported.
     module: str | None = None
     exported: Any = field(default=None, repr=False, compare=False)
+    beside: bool = False  # recorded in a process of its own, beside optimum-intel's conversion (`capture_beside.py`)
 
     @property
     def prefill(self) -> StepCall:

@@ -8,8 +8,8 @@
 2. capture and 3. convert, in `hand_over_to_optimum_intel()`: optimum-intel's own export into a staging directory
    (`convert.py`), which loads the model once and calls back into this package: the capture of the prefill and
    decode calls `generate()` makes, checking one graph can serve both (`decompose.py`, or the fallback,
-   `fallback.py`), before its conversion; the both-stage calibration hooks of `quantization/`; the graph edits
-   before it saves;
+   `fallback.py`), before its conversion, or in a process of its own while it converts (`capture_beside.py`,
+   where the plan says); the both-stage calibration hooks of `quantization/`; the graph edits before it saves;
 4. static graph (`static.py`, `--shape-mode static` only): traced on the same model right after its conversion
    (inside the hand-over), then quantized as the flags ask, replacing optimum-intel's graph;
 5. validate (`validate.py`): the graph against the captured calls;
@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 from pathlib import Path
 from typing import Any, Callable
 
@@ -69,6 +70,7 @@ def run_export(
     with progress.export_progress(stages + ["writing"], quiet=opts.quiet):
         # 1. plan: every check that needs no weights, every fact the later stages read
         progress.stage("loading")
+        progress.step("plan")
         plan = make_plan(model, output_dir, opts, quantization=quantization, quantization_config=quantization_config)
         export = _Export(plan)
         if plan.fallback_reason is not None:  # no causal LM to decompose: optimum-intel's own partitioning
@@ -77,6 +79,7 @@ def run_export(
             export.staging, raw, calibration = staging, staging / "raw", CalibrationReport()
             # 2. capture and 3. convert (and 4's trace), in the hand-over to optimum-intel's export
             lifted, fix = hand_over_to_optimum_intel(plan, export, raw_export, raw, calibration)
+            progress.step("model freed")
             convert.return_freed_memory()  # the PyTorch model is gone: give its pages back before compiling
             if plan.static is not None:  # 4. the static graph quantized as asked, optimum-intel's graph dropped
                 from .static import finish_static_graph
@@ -89,7 +92,9 @@ def run_export(
             # 6. write
             progress.stage("writing")
             manifest = _write(plan, export, raw, staging / "final", checked, quantization, extra)
+            progress.step("move into place")
             write.move_into_place(staging / "final", plan.output)
+            progress.step("staging removed")
         manifest.path = plan.output / MANIFEST_NAME
         return manifest
 
@@ -109,7 +114,8 @@ def hand_over_to_optimum_intel(plan: Plan, export: "_Export", raw_export: RawExp
         stack = contextlib.ExitStack()
         stack.enter_context(convert.one_model_load(export.on_model, load_error=export.load_error,
                                                    before_save=export.before_save,
-                                                   load_kwargs=language.load_kwargs if language else None))
+                                                   load_kwargs=language.load_kwargs if language else None,
+                                                   on_load=export.on_load if plan.capture_beside else None))
         stack.enter_context(multimodal.left_out_unreported(language))
         stack.enter_context(both_stage_quantization(opts.calibration_decode_steps, calibration, static=plan.static_plan))
         return stack
@@ -123,16 +129,26 @@ def hand_over_to_optimum_intel(plan: Plan, export: "_Export", raw_export: RawExp
         source, exported_type = export.decompose_wrapper(load.load_model(plan.model, plan.config, opts))
     task = BASE_TASK if export.reason is None else fallback.fallback_task(plan.config)
     validating = not opts.skip_validation and export.reason is None
+    progress.step("load (optimum-intel)")
     try:
         lifted, fix = convert.convert(raw_export, source, raw, task=task, exported_type=exported_type,
                                       validating=validating, fallback_reason=export.reason, hooks=hooks(),
                                       static=plan.static_plan)
     except convert.InnerModelExport as inner:  # generate() drives an inner causal LM: export that one
         export.inner = True
+        shutil.rmtree(raw, ignore_errors=True)  # what a conversion beside the capture wrote
         lifted, fix = convert.convert(raw_export, str(inner.directory), raw, task=BASE_TASK,
                                       exported_type=export.capture.exported.config.model_type,
                                       validating=validating, fallback_reason=None, hooks=hooks(),
                                       static=plan.static_plan)
+    except convert.ConvertAgain as again:  # the capture beside the conversion found a fallback: convert as one
+        export.fallback(again.reason)
+        shutil.rmtree(raw, ignore_errors=True)
+        lifted, fix = convert.convert(raw_export, source, raw, task=task, exported_type=exported_type,
+                                      validating=False, fallback_reason=export.reason, hooks=hooks(),
+                                      static=plan.static_plan)
+    finally:
+        export.close_beside()
     if lifted is not None and export.capture is not None:
         export.capture.notes.append(lifted.note)
     return lifted, fix
@@ -152,6 +168,7 @@ def _model_facts(plan: Plan, raw: Path, fix) -> dict:
 def _validate(plan: Plan, export: "_Export", raw: Path, quantization, calibration, extra: dict, lifted):
     """Stage 5 on the shared graph (`validate.validate_export`); return `(graph_xml, graph, manifest, reference)`.
     A validation failure of an export whose transformers cap was lifted says so."""
+    progress.step("graph read, manifest built")
     graph_xml, ov_model, unchanged, manifest = write.prepare(
         raw, plan.config, export.capture, plan.opts, plan.model, quantization, calibration, model_extra=extra)
     try:
@@ -182,6 +199,21 @@ class _Export:
     def __init__(self, plan: Plan):
         self.plan = plan  # read, never changed
         self.capture, self.reason, self.inner, self.staging = None, None, False, None
+        self.beside = None  # the capture's own process (`capture_beside.CaptureBeside`), while it runs
+
+    def on_load(self, args: tuple, kwargs: dict) -> None:
+        """optimum-intel starts loading the model: start the capture beside its conversion, on a load of its own
+        with the same arguments (not for the inner model's export, whose capture is done)."""
+        from .capture_beside import CaptureBeside
+
+        if self.beside is None and self.reason is None and not self.inner:
+            self.beside = CaptureBeside.start(args, kwargs, model=self.plan.model, opts=self.plan.opts,
+                                              config=self.plan.config, staging=self.staging)
+
+    def close_beside(self) -> None:
+        if self.beside is not None:
+            self.beside.close()
+            self.beside = None
 
     def load_error(self, err: BaseException):
         return load.load_error(self.plan.model, self.plan.config, err)
@@ -236,7 +268,10 @@ class _Export:
         if self.reason is not None or self.inner:  # a fallback or the inner model's own export: convert as it is
             return convert_model()
         pt_model.eval()
+        if self.beside is not None:
+            return self._convert_beside_capture(pt_model, convert_model)
         progress.stage("decomposing generate()")
+        progress.step("capture")
         self.capture, reason = decompose_model(pt_model, self.plan.model, self.plan.opts, self.plan.config)
         if reason is not None:
             self.fallback(reason)
@@ -247,16 +282,51 @@ class _Export:
             release_pytorch(self.capture)
             raise convert.InnerModelExport(directory)
         progress.stage("converting (optimum-intel)")
+        progress.step("conversion (optimum-intel)")
         if self.plan.static is None:
             release_pytorch(self.capture)  # the capture keeps nothing of the model optimum-intel frees after
-            return convert_model()
+            result = convert_model()
+            progress.step("tokenizer and configs (optimum-intel)")
+            return result
         result = convert_model()
         from .static import trace_static_graph
 
         progress.stage("static graph")
+        progress.step("static graph")
         self.capture = trace_static_graph(pt_model, written_to, self.plan.static, self.plan.opts, capture=self.capture,
                                           plan=self.plan.static_plan, weight_format=self.plan.weight_format)
         release_pytorch(self.capture)
+        return result
+
+
+    def _convert_beside_capture(self, pt_model, convert_model):
+        """Stage 3 while the capture (2) runs in its own process: optimum-intel's conversion, then the capture's
+        answer. A fallback or an inner model it finds converts again (`ConvertAgain`, `InnerModelExport`); where the
+        child failed, the capture runs here, on the model optimum-intel loaded."""
+        progress.stage("converting (optimum-intel)")
+        progress.step("conversion (optimum-intel), the capture beside it")
+        result = convert_model()
+        progress.step("capture beside: waited for")
+        beside, self.beside = self.beside, None
+        try:
+            answer = beside.result()
+        finally:
+            beside.close()
+        if answer is None:  # the child failed: the capture here, as without it
+            progress.step("capture")
+            self.capture, reason = decompose_model(pt_model, self.plan.model, self.plan.opts, self.plan.config)
+            inner = None
+            if reason is None and self.capture.module is not None:
+                inner = save_exported_model(self.capture, self.plan.model, self.staging / "inner",
+                                            trust_remote_code=self.plan.opts.trust_remote_code)
+        else:
+            self.capture, reason, inner = answer
+        if reason is not None:
+            raise convert.ConvertAgain(reason)
+        release_pytorch(self.capture)
+        if inner is not None:
+            raise convert.InnerModelExport(Path(inner))
+        progress.step("tokenizer and configs (optimum-intel)")
         return result
 
 

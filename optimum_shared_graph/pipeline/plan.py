@@ -4,7 +4,8 @@
 multimodal checkpoint, its language model's: `multimodal.py`), the static shapes and their quantization
 (`static_shapes.py`, `quantization/static.py`), the weight format, whether the export calibrates (a data-aware
 quantization), whether validation fits in the memory available and how many calls the capture records
-(`memory.py`), and a vision-language model's fallback reason. The `Plan` it returns is frozen: later stages read it
+(`memory.py`), whether the capture runs beside optimum-intel's conversion (`capture_beside.py`), and a
+vision-language model's fallback reason. The `Plan` it returns is frozen: later stages read it
 and never change it.
 """
 
@@ -35,6 +36,7 @@ class Plan:
     weight_format: str | None = None  # the weight format asked for (the CLI's flag, else the options')
     calibrating: bool = False  # a data-aware quantization: optimum-intel's graph is calibrated as it is
     fallback_reason: str | None = None  # known at plan time: a vision-language model has no causal LM to decompose
+    capture_beside: bool = False  # the capture in a process of its own, beside optimum-intel's conversion
 
 
 def make_plan(model: str, output_dir, opts: ExportOptions, *, quantization: dict | None = None,
@@ -61,9 +63,13 @@ def make_plan(model: str, output_dir, opts: ExportOptions, *, quantization: dict
     weight_format = (quantization or {}).get("weight_format") or opts.weight_format
     opts = memory.plan_validation(model, config, opts, weight_format)  # fits? how many calls? before any work
     reason = fallback.vision_language_reason(config) if fallback.is_vision_language(config) else None
+    calibrating = _calibrating(opts, static_plan, quantization, quantization_config)
+    # the static trace and the calibration need the capture on optimum-intel's own model, in this process
+    beside = (static is None and not calibrating and language is None and reason is None
+              and memory.capture_beside_fits(model, memory.available_memory()))
     return Plan(model=model, output=output, config=config, opts=opts, language=language, static=static,
-                static_plan=static_plan, weight_format=weight_format,
-                calibrating=_calibrating(opts, static_plan, quantization, quantization_config), fallback_reason=reason)
+                static_plan=static_plan, weight_format=weight_format, calibrating=calibrating, fallback_reason=reason,
+                capture_beside=beside)
 
 
 def _calibrating(opts: ExportOptions, static_plan, quantization: dict | None, quantization_config) -> bool:

@@ -9,7 +9,7 @@ from ..errors import ExportValidationError
 from ..proof.judge import RELATIVE_TOLERANCE, judge_logits, scaled_tolerance
 from ..proof.stored import Reference, teacher_forced
 from ..graph.parts import PartPlan, build_parts
-from ..progress import bar
+from .. import progress
 from ..runtimes.session import EXACT_CONFIG, GraphSession
 
 
@@ -110,10 +110,12 @@ def _last_logits_whole(ov_model, capture: Capture, session_class) -> list[np.nda
     """Each call's last-position logits, from the whole graph compiled once."""
     import openvino as ov
 
+    progress.step("validation: compile")
     compiled = ov.Core().compile_model(ov_model, "CPU", EXACT_CONFIG)
+    progress.step("validation: run")
     session = session_class(compiled)
     session.reset()
-    calls = bar("validation: prefill + decode calls", iterable=list(_teacher_forced(capture)), unit="call")
+    calls = progress.bar("validation: prefill + decode calls", iterable=list(_teacher_forced(capture)), unit="call")
     outputs = [session.step(ids, mask)[:, -1, :].astype(np.float32) for ids, mask in calls]
     del session, compiled
     return outputs
@@ -137,13 +139,16 @@ def run_in_parts(ov_model, values: list[dict[str, np.ndarray]], plan: PartPlan) 
     from .convert import return_freed_memory
 
     core = ov.Core()
-    steps = bar(f"validation: {len(values)} calls x {plan.count} parts", total=len(values) * plan.count, unit="call")
-    for part in build_parts(ov_model.clone(), plan):
+    steps = progress.bar(f"validation: {len(values)} calls x {plan.count} parts", total=len(values) * plan.count, unit="call")
+    progress.step("validation: parts cut")
+    for k, part in enumerate(build_parts(ov_model.clone(), plan), 1):
         # the part's own names, by position: the compiled model can give a cut's tensor the names of the value it
         # was computed from as well (Qwen3.5's first operations), and any one of them as `get_any_name()`
         inputs = [port.get_any_name() for port in part.inputs]
         outputs = [port.get_any_name() for port in part.outputs]
+        progress.step(f"validation: part {k}/{plan.count} compile")
         compiled = core.compile_model(part, "CPU", EXACT_CONFIG)
+        progress.step(f"validation: part {k}/{plan.count} run")
         request = compiled.create_infer_request()
         request.reset_state()
         for call in values:
@@ -164,7 +169,6 @@ def validate_export(ov_model, capture, config, opts, manifest) -> tuple[dict, Re
     when the check is enforced, the graph's own for quantized weights). `--skip-validation`: skipped, no reference."""
     import functools
 
-    from .. import progress
     from ..runtimes.static_session import StaticSession
     from .memory import validation_parts
 
@@ -175,5 +179,7 @@ def validate_export(ov_model, capture, config, opts, manifest) -> tuple[dict, Re
     session = StaticSession if opts.is_static else functools.partial(GraphSession, model_type=exported_type)
     parts = None if opts.is_static else validation_parts(ov_model)  # whole, or in parts where it cannot fit
     outputs, run = graph_outputs(ov_model, capture, session_class=session, parts=parts, model_type=exported_type)
+    progress.step("validation: judged")
     report = judge_export(outputs, run, capture, manifest.judged_weight_format())
+    report["captured"] = "beside the conversion" if capture.beside else "in the export's process"
     return report, Reference.from_capture(capture, None if report["enforced"] else outputs)

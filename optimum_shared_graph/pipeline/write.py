@@ -8,6 +8,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from .. import progress
 from ..errors import ModelNotSupportedError
 from ..graph.logits import is_sliced, slice_logits
 from ..graph.static import shapes_of
@@ -67,7 +68,9 @@ def write_artifact(raw: Path, final: Path, graphs: dict, manifest: Manifest, *, 
     graph_files = {n for name in graphs for n in (name, name[: -len(".xml")] + ".bin")}
     final.mkdir()
     if reference is not None:
+        progress.step("reference saved")
         manifest.validation["reference"] = reference.save(final)
+    progress.step("files moved, graph rt_info written")
     for item in raw.iterdir():
         if item.name not in graph_files:
             shutil.move(str(item), final / item.name)
@@ -85,6 +88,7 @@ def write_artifact(raw: Path, final: Path, graphs: dict, manifest: Manifest, *, 
         del graph
     graphs.clear()
     # Remembered as verified on this machine: the first load after the export does not hash them again.
+    progress.step("hashing")
     manifest.files, manifest.files_xxh3_128 = digest_graph_files(
         final, sorted(n for n in graph_files if (final / n).is_file()), remember=True)
     manifest.write(final)

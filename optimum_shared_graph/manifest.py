@@ -303,7 +303,8 @@ def hash_graph_files(directory: Path, names: list[str], *, remember: bool = Fals
     return digest_graph_files(directory, names, remember=remember)[0]
 
 
-def digest_graph_files(directory: Path, names: list[str], *, remember: bool = False) -> tuple[dict[str, str], dict[str, str]]:
+def digest_graph_files(directory: Path, names: list[str], *, remember: bool = False,
+                       digested: dict | None = None) -> tuple[dict[str, str], dict[str, str]]:
     """The sha256 and the XXH3-128 of each named file in `directory`, from one read of each.
 
     Args:
@@ -311,14 +312,20 @@ def digest_graph_files(directory: Path, names: list[str], *, remember: bool = Fa
         names: the graph files to hash.
         remember: record the digests in this machine's cache of verified files (the export, for the files
             it has just written), so the first load after the export does not hash them again.
+        digested: digests computed earlier (`DigestsBeside.result()`: name -> (`same_content(identity)`, sha256,
+            XXH3-128)), used where the file is still the one digested (moved by a rename, not rewritten).
     """
     directory = Path(directory)
     known = verified.VerifiedFiles() if remember and verified.supported() else None
     slow, fast = {}, {}
     for name in names:
         target = (directory / name).resolve()
-        before = verified.FileIdentity.of(target) if known is not None else None
-        slow[name], fast[name] = digest_file(target)
+        before = verified.FileIdentity.of(target) if known is not None or digested else None
+        earlier = (digested or {}).get(name)
+        if earlier is not None and earlier[0](before):
+            slow[name], fast[name] = earlier[1], earlier[2]
+        else:
+            slow[name], fast[name] = digest_file(target)
         _remember(known, target, before, slow[name], hash_started_ns=None)
     if known is not None:
         known.save()
@@ -445,3 +452,33 @@ def verify_files(directory: Path, manifest: Manifest, *, mode: str = "cached") -
     if known is not None:
         known.save()
     return hashed
+
+
+class DigestsBeside:
+    """The sha256 and XXH3-128 of files that will not change again (the `.bin` optimum-intel wrote, which the
+    artifact takes by a rename), computed in a thread while the export goes on (both hashes release the GIL);
+    `result()` gives what `digest_graph_files(digested=...)` takes."""
+
+    def __init__(self, paths: dict[str, Path]):
+        import threading
+
+        self._done: dict = {}
+        self._thread = threading.Thread(target=self._run, args=(dict(paths),), daemon=True)
+        self._thread.start()
+
+    def _run(self, paths: dict[str, Path]) -> None:
+        for name, path in paths.items():
+            try:
+                identity = verified.FileIdentity.of(path)
+                slow, fast = digest_file(path)
+                unchanged = verified.FileIdentity.of(path) == identity  # not written while it was read
+            except OSError:  # gone (a failed export's staging removed) or unreadable: hashed again where it lands
+                continue
+            if unchanged:  # a rename keeps the device, inode, size and mtime (not the ctime)
+                self._done[name] = (lambda now, was=identity: now is not None and (now.dev, now.ino, now.size,
+                                    now.mtime_ns) == (was.dev, was.ino, was.size, was.mtime_ns), slow, fast)
+
+    def result(self) -> dict:
+        """Wait for the thread; name -> (`same_content(identity)`, sha256, XXH3-128) of each file it digested."""
+        self._thread.join()
+        return dict(self._done)

@@ -118,12 +118,12 @@ def flip_model(tmp_path_factory):
 def test_failed_validation_writes_nothing(flip_model, out_dir_both, memory, monkeypatch):
     """The broken-decode model is refused, its graph compiled whole or validated part by part, its capture made in
     the export's process or in one of its own beside optimum-intel's conversion."""
-    from optimum_shared_graph.pipeline.memory import CAPTURE_ENV, MEMORY_ENV, RESERVE
+    from optimum_shared_graph.pipeline.memory import OVERLAP_ENV, MEMORY_ENV, RESERVE
 
     if memory == "parts":  # parts of ~200 KB: the tiny llama in several parts
         monkeypatch.setenv(MEMORY_ENV, str(RESERVE + 300_000))
     if memory == "capture beside":
-        monkeypatch.setenv(CAPTURE_ENV, "beside")
+        monkeypatch.setenv(OVERLAP_ENV, "on")
     before = tree_snapshot(out_dir_both)
     proc = _export(flip_model, out_dir_both, "--trust-remote-code")
     assert proc.returncode != 0
@@ -132,14 +132,14 @@ def test_failed_validation_writes_nothing(flip_model, out_dir_both, memory, monk
     _assert_unchanged(out_dir_both, before)
 
 
-def test_capture_choice_not_understood(tiny_model, out_dir, monkeypatch):
-    from optimum_shared_graph.pipeline.memory import CAPTURE_ENV
+def test_overlap_choice_not_understood(tiny_model, out_dir, monkeypatch):
+    from optimum_shared_graph.pipeline.memory import OVERLAP_ENV
 
-    monkeypatch.setenv(CAPTURE_ENV, "sideways")
+    monkeypatch.setenv(OVERLAP_ENV, "sideways")
     before = tree_snapshot(out_dir)
     proc = _export(tiny_model("llama"), out_dir)
     assert proc.returncode != 0
-    assert error_line(proc) == ("error: OPTIMUM_SHARED_GRAPH_CAPTURE='sideways' is not beside or inline: set it to one "
+    assert error_line(proc) == ("error: OPTIMUM_SHARED_GRAPH_OVERLAP='sideways' is not on or off: set it to one "
                                 "of them or unset it")
     _assert_unchanged(out_dir, before)
 

@@ -66,15 +66,15 @@ def opaque_model(tmp_path_factory):
     return path
 
 
-@pytest.mark.parametrize("capture", ["inline", "beside"])
-def test_undecomposable_model_falls_back_to_with_past(opaque_model, tmp_path, capture, monkeypatch):
+@pytest.mark.parametrize("overlap", ["off", "on"])
+def test_undecomposable_model_falls_back_to_with_past(opaque_model, tmp_path, overlap, monkeypatch):
     """Found by the capture before optimum-intel converts, or by the capture beside its conversion (converted
     again, as a fallback)."""
     import openvino as ov
 
-    from optimum_shared_graph.pipeline.memory import CAPTURE_ENV
+    from optimum_shared_graph.pipeline.memory import OVERLAP_ENV
 
-    monkeypatch.setenv(CAPTURE_ENV, capture)
+    monkeypatch.setenv(OVERLAP_ENV, overlap)
     from optimum.intel import OVModelForCausalLM
     from transformers import AutoTokenizer, LlamaForCausalLM
 

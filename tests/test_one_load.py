@@ -149,11 +149,11 @@ def test_capture_beside_the_conversion_is_the_same_capture(fp16_model, tmp_path,
     (`pipeline/capture_beside.py`): the same calls and logits as the capture in the export's process, and nothing
     of it left behind."""
     import optimum_shared_graph as osg
-    from optimum_shared_graph.pipeline.memory import CAPTURE_ENV
+    from optimum_shared_graph.pipeline.memory import OVERLAP_ENV
 
     manifests = {}
-    for where in ("inline", "beside"):
-        monkeypatch.setenv(CAPTURE_ENV, where)
+    for where, overlap in (("inline", "off"), ("beside", "on")):
+        monkeypatch.setenv(OVERLAP_ENV, overlap)
         manifests[where] = osg.export(fp16_model, tmp_path / where, quiet=True).validation
     assert manifests["inline"]["captured"] == "in the export's process"
     assert manifests["beside"]["captured"] == "beside the conversion"
@@ -163,6 +163,15 @@ def test_capture_beside_the_conversion_is_the_same_capture(fp16_model, tmp_path,
     reference = "shared_graph_reference.npz"
     assert (tmp_path / "inline" / reference).read_bytes() == (tmp_path / "beside" / reference).read_bytes()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["beside", "inline"]  # no staging, no capture files
+    # the .bin's digests, computed beside the validation, are the file's
+    from optimum_shared_graph.manifest import fast_digest_file, read_manifest, sha256_file
+
+    for where in ("inline", "beside"):
+        manifest = read_manifest(tmp_path / where, verify=False)
+        for name in manifest.files:
+            target = tmp_path / where / name
+            assert sha256_file(target) == manifest.files[name]
+            assert fast_digest_file(target) == manifest.files_xxh3_128[name]
     assert not [p for p in (tmp_path / "beside").iterdir() if p.name.startswith("capture")]
 
 
@@ -171,7 +180,7 @@ def test_capture_beside_that_dies_is_made_in_the_export(fp16_model, tmp_path, mo
     the capture is made in the export's process on the model optimum-intel loaded."""
     import optimum_shared_graph as osg
     from optimum_shared_graph.pipeline import capture_beside
-    from optimum_shared_graph.pipeline.memory import CAPTURE_ENV
+    from optimum_shared_graph.pipeline.memory import OVERLAP_ENV
 
     result = capture_beside.CaptureBeside.result
 
@@ -180,6 +189,6 @@ def test_capture_beside_that_dies_is_made_in_the_export(fp16_model, tmp_path, mo
         return result(self)
 
     monkeypatch.setattr(capture_beside.CaptureBeside, "result", killed_first)
-    monkeypatch.setenv(CAPTURE_ENV, "beside")
+    monkeypatch.setenv(OVERLAP_ENV, "on")
     validation = osg.export(fp16_model, tmp_path / "out", quiet=True).validation
     assert validation["status"] == "passed" and validation["captured"] == "in the export's process"

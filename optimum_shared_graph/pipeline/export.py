@@ -13,7 +13,8 @@
 4. static graph (`static.py`, `--shape-mode static` only): traced on the same model right after its conversion
    (inside the hand-over), then quantized as the flags ask, replacing optimum-intel's graph;
 5. validate (`validate.py`): the graph against the captured calls;
-6. write (`write.py`): the manifest, the rt_info, the file hashes; the artifact moved into place, its
+6. write (`write.py`): the manifest, the rt_info, the file hashes (the `.bin`'s computed beside stage 5 where
+   the plan says); the artifact moved into place, its
    `config.json` completed with what OpenVINO consumers read and the model's config lacks (`consumer_config.py`).
 
 optimum-intel frees the model once converted, so the graph is compiled for validation with no PyTorch weights
@@ -86,12 +87,14 @@ def run_export(
 
                 finish_static_graph(raw, plan.static_plan, plan.opts)
             extra = _model_facts(plan, raw, fix)
+            # the graph's weights hashed in a thread while the validation runs, where the plan says
+            digests = write.digests_beside(raw) if plan.digests_beside and export.reason is None else None
             # 5. validate (a fallback is optimum-intel's own partitioning: recorded, not validated here)
             checked = None if export.reason is not None else _validate(plan, export, raw, quantization, calibration,
                                                                         extra, lifted)
             # 6. write
             progress.stage("writing")
-            manifest = _write(plan, export, raw, staging / "final", checked, quantization, extra)
+            manifest = _write(plan, export, raw, staging / "final", checked, quantization, extra, digests)
             progress.step("move into place")
             write.move_into_place(staging / "final", plan.output)
             progress.step("staging removed")
@@ -181,14 +184,15 @@ def _validate(plan: Plan, export: "_Export", raw: Path, quantization, calibratio
     return graph_xml, None if unchanged else ov_model, manifest, reference
 
 
-def _write(plan: Plan, export: "_Export", raw: Path, final: Path, checked, quantization, extra: dict) -> Manifest:
+def _write(plan: Plan, export: "_Export", raw: Path, final: Path, checked, quantization, extra: dict,
+           digests=None) -> Manifest:
     """Stage 6: the artifact written into `final` (`write.py`): the validated graph with its manifest, or a
     fallback's graphs as optimum-intel wrote them."""
     if checked is None:
         return write.finish_fallback(raw, final, plan.config, export.reason, plan.opts, plan.model, quantization,
                                      model_extra=extra)
     graph_xml, graph, manifest, reference = checked
-    write.write_artifact(raw, final, {graph_xml: graph}, manifest, reference=reference)
+    write.write_artifact(raw, final, {graph_xml: graph}, manifest, reference=reference, digests=digests)
     return manifest
 
 

@@ -13,8 +13,8 @@ with the same results. The facts decided here, once:
 * `plan_validation()`, at stage 1: `check_fits()`, and how many calls the capture records;
 * `check_fits()`: before the conversion, whether even the smallest part (the largest single weight, or one
   decoder layer) can fit; if not, the export stops with one line instead of being killed halfway;
-* `capture_beside_fits()`: whether the capture runs in a process of its own beside optimum-intel's conversion
-  (`capture_beside.py`).
+* `overlap_fits()`: whether work runs side by side: the capture in a process of its own beside optimum-intel's
+  conversion (`capture_beside.py`), the digests beside the validation.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ _NO_LIMIT = 2**60
 
 _CGROUP_ROOT = Path("/sys/fs/cgroup")
 MEMORY_ENV = "OPTIMUM_SHARED_GRAPH_MEMORY"
-CAPTURE_ENV = "OPTIMUM_SHARED_GRAPH_CAPTURE"
+OVERLAP_ENV = "OPTIMUM_SHARED_GRAPH_OVERLAP"
 
 
 @dataclass(frozen=True)
@@ -218,29 +218,31 @@ def captured_tokens(checkpoint: int | None, memory: Memory) -> int:
     return max(MIN_TOKENS, min(MAX_TOKENS, CAPTURE_TRAFFIC // max(checkpoint, 1)))
 
 
-# The capture runs beside the conversion from this checkpoint size: below it, starting a process (imports, load)
-# costs about what the capture does. Beside the page cache's one copy of the checkpoint, the child holds its own
-# anonymous memory: the imports, one decoder layer's float32 weights, the activations.
+# Work runs beside other work (the capture beside optimum-intel's conversion, the digests beside the validation) from
+# this checkpoint size: below it, starting a process (imports, load) costs about what the capture does. Beside the
+# page cache's one copy of the checkpoint, the capture's process holds its own anonymous memory: the imports, one
+# decoder layer's float32 weights, the activations.
 BESIDE_FROM_BYTES = 512 * 2**20
 BESIDE_CHILD = 2 * 2**30
 
 
-def capture_beside_fits(model: str, memory: Memory) -> bool:
-    """Whether the capture runs in a process of its own beside optimum-intel's conversion (`capture_beside.py`): a
-    local checkpoint of at least `BESIDE_FROM_BYTES`, two cores or more, and memory for the page cache to hold the
-    checkpoint once for both processes beside the child's `BESIDE_CHILD` and `RESERVE` (under a tighter limit, each
-    process would read the weights from disk again). `OPTIMUM_SHARED_GRAPH_CAPTURE=beside` or `inline` decides
-    instead.
+def overlap_fits(model: str, memory: Memory) -> bool:
+    """Whether the export runs work side by side: the capture in a process of its own beside optimum-intel's
+    conversion (`capture_beside.py`), the graph's digests in a thread beside the validation
+    (`manifest.DigestsBeside`). Yes for a local checkpoint of at least `BESIDE_FROM_BYTES`, with two cores or more
+    and memory for the page cache to hold the checkpoint once for two readers beside the capture process's
+    `BESIDE_CHILD` and `RESERVE` (under a tighter limit each reader would read the weights from disk again, and
+    the export runs one step at a time). `OPTIMUM_SHARED_GRAPH_OVERLAP=on` or `off` decides instead.
 
     Raises:
-        InvalidOptionsError: `OPTIMUM_SHARED_GRAPH_CAPTURE` is set to anything else.
+        InvalidOptionsError: `OPTIMUM_SHARED_GRAPH_OVERLAP` is set to anything else.
     """
-    choice = os.environ.get(CAPTURE_ENV, "").strip().lower()
-    if choice not in ("", "beside", "inline"):
-        raise InvalidOptionsError(f"{CAPTURE_ENV}={os.environ[CAPTURE_ENV]!r} is not beside or inline: set it to one "
+    choice = os.environ.get(OVERLAP_ENV, "").strip().lower()
+    if choice not in ("", "on", "off"):
+        raise InvalidOptionsError(f"{OVERLAP_ENV}={os.environ[OVERLAP_ENV]!r} is not on or off: set it to one "
                                   "of them or unset it")
     if choice:
-        return choice == "beside"
+        return choice == "on"
     size = checkpoint_bytes(model)
     if size is None or size < BESIDE_FROM_BYTES or (os.cpu_count() or 1) < 2:
         return False

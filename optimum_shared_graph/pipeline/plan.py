@@ -4,8 +4,8 @@
 multimodal checkpoint, its language model's: `multimodal.py`), the static shapes and their quantization
 (`static_shapes.py`, `quantization/static.py`), the weight format, whether the export calibrates (a data-aware
 quantization), whether validation fits in the memory available and how many calls the capture records
-(`memory.py`), whether the capture runs beside optimum-intel's conversion (`capture_beside.py`), and a
-vision-language model's fallback reason. The `Plan` it returns is frozen: later stages read it
+(`memory.py`), whether the capture runs beside optimum-intel's conversion (`capture_beside.py`) and the digests
+beside the validation, and a vision-language model's fallback reason. The `Plan` it returns is frozen: later stages read it
 and never change it.
 """
 
@@ -37,6 +37,7 @@ class Plan:
     calibrating: bool = False  # a data-aware quantization: optimum-intel's graph is calibrated as it is
     fallback_reason: str | None = None  # known at plan time: a vision-language model has no causal LM to decompose
     capture_beside: bool = False  # the capture in a process of its own, beside optimum-intel's conversion
+    digests_beside: bool = False  # the graph's digests in a thread, beside the validation
 
 
 def make_plan(model: str, output_dir, opts: ExportOptions, *, quantization: dict | None = None,
@@ -64,12 +65,13 @@ def make_plan(model: str, output_dir, opts: ExportOptions, *, quantization: dict
     opts = memory.plan_validation(model, config, opts, weight_format)  # fits? how many calls? before any work
     reason = fallback.vision_language_reason(config) if fallback.is_vision_language(config) else None
     calibrating = _calibrating(opts, static_plan, quantization, quantization_config)
-    # the static trace and the calibration need the capture on optimum-intel's own model, in this process
-    beside = (static is None and not calibrating and language is None and reason is None
-              and memory.capture_beside_fits(model, memory.available_memory()))
+    # side by side where memory and cores allow; the static trace and the calibration need the capture on
+    # optimum-intel's own model, in this process, and a calibrated graph is saved again (nothing to digest early)
+    overlap = memory.overlap_fits(model, memory.available_memory())
+    beside = overlap and static is None and not calibrating and language is None and reason is None
     return Plan(model=model, output=output, config=config, opts=opts, language=language, static=static,
                 static_plan=static_plan, weight_format=weight_format, calibrating=calibrating, fallback_reason=reason,
-                capture_beside=beside)
+                capture_beside=beside, digests_beside=overlap and not calibrating)
 
 
 def _calibrating(opts: ExportOptions, static_plan, quantization: dict | None, quantization_config) -> bool:

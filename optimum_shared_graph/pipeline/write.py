@@ -12,7 +12,8 @@ from .. import progress
 from ..errors import ModelNotSupportedError
 from ..graph.logits import is_sliced, slice_logits
 from ..graph.static import shapes_of
-from ..manifest import GRAPH_XML, RT_INFO_KEY, STATIC_GRAPH_XML, Manifest, build_manifest, digest_graph_files
+from ..manifest import (GRAPH_XML, RT_INFO_KEY, STATIC_GRAPH_XML, DigestsBeside, Manifest, build_manifest,
+                        digest_graph_files)
 from ..proof.stored import Reference
 from . import fallback
 
@@ -58,14 +59,25 @@ def exported_module(capture) -> dict:
             "exported_architecture": getattr(inner, "architecture", type(inner).__name__)}
 
 
-def write_artifact(raw: Path, final: Path, graphs: dict, manifest: Manifest, *, reference: Reference | None = None) -> None:
+def digests_beside(raw: Path) -> DigestsBeside:
+    """The digests of the graph's `.bin` in `raw` (as optimum-intel or the static trace wrote it), computed in a
+    thread from now on; `write_artifact` uses them where the `.bin` is moved into the artifact unchanged."""
+    return DigestsBeside({p.name: p for p in sorted(raw.glob("openvino_*model*.bin")) if "tokenizer" not in p.name})
+
+
+def write_artifact(raw: Path, final: Path, graphs: dict, manifest: Manifest, *, reference: Reference | None = None,
+                   digests: DigestsBeside | None = None) -> None:
     """Write the artifact into `final`: every file optimum-intel wrote into `raw`, the `graphs` (name ->
     `openvino.Model`, or None to read it from `raw`) with the manifest under `shared_graph` in their
     rt_info, the validation's `reference` (its sha256 under `validation.reference`), the sha256 of every
-    graph file (remembered in this machine's cache of verified files), and `shared_graph.json`."""
+    graph file (remembered in this machine's cache of verified files; `digests`' where a file is moved unchanged),
+    and `shared_graph.json`."""
     import openvino as ov
 
     graph_files = {n for name in graphs for n in (name, name[: -len(".xml")] + ".bin")}
+    if digests is not None:
+        progress.step("digests beside: waited for")
+    digested = digests.result() if digests is not None else None  # before any file moves
     final.mkdir()
     if reference is not None:
         progress.step("reference saved")
@@ -90,7 +102,7 @@ def write_artifact(raw: Path, final: Path, graphs: dict, manifest: Manifest, *, 
     # Remembered as verified on this machine: the first load after the export does not hash them again.
     progress.step("hashing")
     manifest.files, manifest.files_xxh3_128 = digest_graph_files(
-        final, sorted(n for n in graph_files if (final / n).is_file()), remember=True)
+        final, sorted(n for n in graph_files if (final / n).is_file()), remember=True, digested=digested)
     manifest.write(final)
 
 

@@ -47,11 +47,20 @@ def package_versions() -> dict[str, str | None]:
 _BLOCK = 64 << 20
 
 
-def _hash(path: Path, *digests):
+def _hash(path: Path, *digests, mapped: bool = True):
     """Feed the file's contents to each of `digests`, in blocks of `_BLOCK` bytes read through a memory map (no
-    copy into Python); return their hex digests."""
+    copy into Python), or with `mapped=False` read into one reused buffer (the pages are not mapped into the
+    process, so its RSS does not count them: for a file the process maps elsewhere, the graph being validated);
+    return their hex digests."""
     import mmap
 
+    if not mapped:
+        buffer = bytearray(_BLOCK)
+        with open(path, "rb", buffering=0) as fh, memoryview(buffer) as view:
+            while n := fh.readinto(buffer):
+                for digest in digests:
+                    digest.update(view[:n])
+        return [digest.hexdigest() for digest in digests]
     with open(path, "rb") as fh:
         size = os.fstat(fh.fileno()).st_size
         if size:
@@ -74,11 +83,11 @@ def fast_digest_file(path: Path) -> str:
     return _hash(path, xxhash.xxh3_128())[0]
 
 
-def digest_file(path: Path) -> tuple[str, str]:
-    """The file's sha256 and XXH3-128 digests, from one read."""
+def digest_file(path: Path, *, mapped: bool = True) -> tuple[str, str]:
+    """The file's sha256 and XXH3-128 digests, from one read (see `_hash` for `mapped`)."""
     import xxhash
 
-    slow, fast = _hash(path, hashlib.sha256(), xxhash.xxh3_128())
+    slow, fast = _hash(path, hashlib.sha256(), xxhash.xxh3_128(), mapped=mapped)
     return slow, fast
 
 
@@ -470,7 +479,7 @@ class DigestsBeside:
         for name, path in paths.items():
             try:
                 identity = verified.FileIdentity.of(path)
-                slow, fast = digest_file(path)
+                slow, fast = digest_file(path, mapped=False)  # the validation maps the same file
                 unchanged = verified.FileIdentity.of(path) == identity  # not written while it was read
             except OSError:  # gone (a failed export's staging removed) or unreadable: hashed again where it lands
                 continue

@@ -76,6 +76,7 @@ def _child(job_path: str, result_path: str) -> int:
 
     from .decompose import decompose_model, release_pytorch, save_exported_model
 
+    # torch's own thread count, as in the export's process: the same count gives the same logits, bit for bit
     job = pickle.loads(Path(job_path).read_bytes())
     pt_model = TasksManager.get_model_from_task(*job["args"], **job["kwargs"])
     pt_model.eval()

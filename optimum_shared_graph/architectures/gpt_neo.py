@@ -33,23 +33,15 @@ def _local_sdpa(self, query, key, value, attention_mask=None, head_mask=None):
     layers (and a call without a 4-D mask) go to optimum-intel's own."""
     import torch
 
+    from ._counted_window import counted_window
+
     if self.attention_type != "local" or attention_mask is None or attention_mask.dim() != 4:
         return self._osg_sdpa(query, key, value, attention_mask, head_mask)
-    mask_value = torch.full([], torch.finfo(torch.float16).min, dtype=value.dtype)  # optimum-intel's mask value
-    if attention_mask.dtype == torch.bool:
-        visible = attention_mask
-        additive = torch.where(attention_mask, torch.zeros([], dtype=value.dtype), mask_value)
-    else:
-        visible = attention_mask > torch.finfo(attention_mask.dtype).min / 2
-        additive = attention_mask.to(value.dtype)
-    query_length = query.size(-2)
-    keys = visible[:, :, -1:, :].to(torch.int32)  # [batch, 1, 1, keys]: what the last query sees
-    positions = keys.cumsum(-1)  # a key's position (+1), counted along the mask
-    query_positions = positions[..., -query_length:].transpose(-1, -2)  # [batch, 1, queries, 1]
-    too_far = (query_positions - positions) >= self.config.window_size
-    additive = torch.where(too_far, mask_value, additive)
+    shared = self._osg_window  # [mask, its windowed form]: the local layers of one forward share one windowed mask
+    if shared[0] is not attention_mask:
+        shared[:] = [attention_mask, counted_window(attention_mask, self.config.window_size)]
     dropout_p = float(self.config.attention_dropout) if self.training else 0.0
-    out = torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=additive, dropout_p=dropout_p,
+    out = torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=shared[1], dropout_p=dropout_p,
                                                            is_causal=False, scale=1.0)
     return out, None
 
@@ -64,18 +56,21 @@ def export_config(base: type) -> type:
         def __enter__(self):
             super().__enter__()
             self._window_undo = []
+            shared = [None, None]
             for layer in self._model.transformer.h:
                 attn = layer.attn.attention
                 if "_attn" not in attn.__dict__:  # optimum-intel's patcher did not patch it (torch < 2.1)
                     continue
                 self._window_undo.append(attn)
                 attn._osg_sdpa = attn._attn
+                attn._osg_window = shared
                 attn._attn = types.MethodType(_local_sdpa, attn)
             return self
 
         def __exit__(self, exc_type, exc_value, traceback) -> None:
             for attn in reversed(self._window_undo):
                 attn._attn = attn.__dict__.pop("_osg_sdpa")
+                attn.__dict__.pop("_osg_window", None)
             super().__exit__(exc_type, exc_value, traceback)
 
     return type(base.__name__, (base,), {

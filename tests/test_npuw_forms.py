@@ -8,8 +8,8 @@ is not found in a map"); with them, greedy decoding is judged against PyTorch. T
 narrower than NPUW's host gather takes (2048), so its export test checks the edits are made and keep NPUW running;
 the failure they remove was measured at released width (docs/architectures.md). Tiny bloom (ALiBi) has no `position_ids`
 input, and NPUW fails at its first `generate()` ("unordered_map::at") without the one the edit declares. A sliding
-window counted along the mask (architectures/_counted_window.py: starcoder2, gpt_neo's local layers) is checked against
-transformers' slot-index window by hand, and tiny starcoder2 and gpt_neo with a window of 4 through NPUW.
+window counted along the mask (architectures/_counted_window.py: gpt_neo's local layers) is checked against
+transformers' slot-index window by hand, and tiny gpt_neo with a window of 4 through NPUW.
 """
 
 from __future__ import annotations
@@ -291,13 +291,11 @@ def test_counted_window_skips_the_empty_slots_of_a_static_cache():
     np.testing.assert_array_equal(kept, [0, 0, 0, 1, 1, 0, 0, 0, 1])
 
 
-@pytest.mark.parametrize("model_type, overrides, theirs_loads", [
-    ("starcoder2", {"sliding_window": 4}, False), ("gpt_neo", {"window_size": 4}, None)])
-def test_counted_window_runs_through_npuw(model_type, overrides, theirs_loads, tiny_model, tmp_path):
+@pytest.mark.parametrize("model_type, overrides", [("gpt_neo", {"window_size": 4})])
+def test_counted_window_runs_through_npuw(model_type, overrides, tiny_model, tmp_path):
     """A window of 4, shorter than the prompts: this package's artifact (its window counted along the mask) through
-    NPUW, greedy judged against PyTorch's logits; NPUW does not load optimum-intel's Starcoder2 artifact ("Argument
-    shapes are inconsistent", its sliding-window mask rewrite). (Tiny GPT-Neo's NPUW failure for optimum-intel's
-    artifact was measured at released width only.)"""
+    NPUW, greedy judged against PyTorch's logits. (Measured once on this tiny GPT-Neo: optimum-intel's artifact
+    loads there and its greedy tokens differ from the first steps, at PyTorch margins of 0.11 to 0.26.)"""
     import openvino_genai as ov_genai
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -319,9 +317,3 @@ def test_counted_window_runs_through_npuw(model_type, overrides, theirs_loads, t
         why = judged_greedy(pipe, reference, NPU_PRECISION)
         assert why is None, f"{prompt}: {why}"
     assert max(len(tok(p)["input_ids"]) for p in PROMPTS[:3]) > 4  # the window really cuts
-    if theirs_loads is False:
-        theirs = tmp_path / "with-past"
-        run_cli_in_process("export", "openvino", "-m", str(path), "--task", "text-generation-with-past",
-                           "--weight-format", "fp16", str(theirs))
-        with pytest.raises(RuntimeError, match="Argument shapes are inconsistent"):
-            ov_genai.LLMPipeline(str(theirs), "NPU", **NPUW, **NPU_PRECISION)

@@ -909,18 +909,22 @@ def vlm_section_of(page: str) -> list[str]:
 
 # Why NPUW runs neither artifact, measured (graph edits on the exported IR, NPUW's options, its source): per model types
 # and a piece of the error, the cause a "neither" cell names. graph/npuw_forms.py and architectures/mpt.py remove the
-# causes a graph form avoids; these are the ones left.
+# causes a graph form avoids (architectures/gpt_neo.py its local window); these are the ones left.
 _SEQ2SEQ = ("bart", "bigbird_pegasus", "blenderbot", "blenderbot-small", "marian", "mbart", "pegasus")
 NPUW_CAUSES = [
     (_SEQ2SEQ, "unordered_map::at",
      "NPUW's decoding feeds a `position_ids` input (looked up in a map), which this decoder has not: it computes positions "
      "from the past length, which NPUW's static cache makes the cache's capacity (measured on bart's: with an unused "
-     "`position_ids` declared NPUW runs it and decodes wrongly from the second token), so no input-only form fixes it"),
-    (("gpt_neo",), "Argument shapes are inconsistent",
-     "GPT-Neo's local-attention mask, sliced from its [positions, positions] buffer at key length - query length, is "
-     "empty in NPUW's static prefill (the `Select` of layer 1's attention mask is [1, 1, 0, 2048] where the mask it "
-     "meets is [1, 1, 64, 64]); optimum-intel's artifact fails earlier (its position table and the token table both "
-     "gathered on the host), which this package's artifact avoids (`graph/npuw_forms.py`)"),
+     "`position_ids` declared NPUW runs it and decodes wrongly from the second token), so no input-only form fixes it; "
+     "and positions counted along the mask (what NPUW needs: its static prefill left-pads the prompt) are not "
+     "PyTorch's for a left-padded row, which this decoder counts from its first pad (`arange(past, past + seq)`): "
+     "no one graph has both"),
+    (("starcoder2",), "Argument shapes are inconsistent",
+     "NPUW's sliding-window mask rewrite (`SlidingWindowMask`) binds the past length it slices the padding mask with to "
+     "the prompt's length on this graph (an empty `attention_mask[past:past + new]` at the `BitwiseAnd` it adds), for "
+     "optimum-intel's artifact too; the window counted along the mask instead runs through NPUW with greedy parity "
+     "(measured at starcoder2-3b's widths) but loses the window in GenAI's default PagedAttention backend, which "
+     "recognises only transformers' own form, so it is not exported"),
     (("granitemoe", "granitemoehybrid"), "to_shape was called on a dynamic shape",
      "optimum-intel's GraniteMoE experts slice each expert's tokens by counts the router computes at run time "
      "(`Slice` with data-dependent bounds in `block_sparse_moe`): shapes NPUW's static reshape cannot make static"),

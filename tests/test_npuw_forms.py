@@ -7,7 +7,9 @@ the CPU, in f16): without the edits NPUW refuses the two tied ones at load ("Key
 is not found in a map"); with them, greedy decoding is judged against PyTorch. The tiny GPT-BigCode's tables are
 narrower than NPUW's host gather takes (2048), so its export test checks the edits are made and keep NPUW running;
 the failure they remove was measured at released width (docs/architectures.md). Tiny bloom (ALiBi) has no `position_ids`
-input, and NPUW fails at its first `generate()` ("unordered_map::at") without the one the edit declares.
+input, and NPUW fails at its first `generate()` ("unordered_map::at") without the one the edit declares. A sliding
+window counted along the mask (architectures/_counted_window.py: gpt_neo's local layers) is checked against
+transformers' slot-index window by hand, and tiny gpt_neo with a window of 4 through NPUW.
 """
 
 from __future__ import annotations
@@ -249,3 +251,69 @@ def test_export_runs_through_npuw(model_type, edit, tiny_model, tmp_path):
         reference = pytorch_reference(pt, tok([prompt], return_tensors="pt"), 12)
         why = judged_greedy(pipe, reference, NPU_PRECISION)
         assert why is None, f"{prompt}: {why}"
+
+
+# architectures/_counted_window.py: a sliding window counted along the mask (starcoder2, gpt_neo's local layers)
+def _slot_window(queries: int, keys: int, window: int, pads: int = 0) -> np.ndarray:
+    """transformers' slot-index sliding window, causal and padding: True where a query may attend a key."""
+    q = np.arange(keys - queries, keys)[:, None]
+    k = np.arange(keys)[None, :]
+    return (k <= q) & (k > q - window) & (k >= pads)
+
+
+@pytest.mark.parametrize("queries, pads", [(9, 0), (9, 3), (1, 0), (1, 2)])
+def test_counted_window_is_the_slot_window_where_slots_are_positions(queries, pads):
+    """Every slot a token (or left pads before them): the counted window is transformers' slot-index window,
+    additive and boolean alike."""
+    import torch
+
+    from optimum_shared_graph.architectures._counted_window import MASKED, counted_window
+
+    keys, window = 9, 3
+    causal = _slot_window(queries, keys, keys + 1, pads)  # the causal and padding mask, no window
+    boolean = torch.from_numpy(causal)[None, None]
+    additive = torch.where(boolean, 0.0, MASKED)
+    expected = _slot_window(queries, keys, window, pads)
+    np.testing.assert_array_equal(counted_window(boolean, window)[0, 0].numpy(), expected)
+    np.testing.assert_array_equal((counted_window(additive, window)[0, 0] == 0).numpy(), expected)
+
+
+def test_counted_window_skips_the_empty_slots_of_a_static_cache():
+    """NPUW's decode: 5 past tokens in slots 0-4, empty slots 5-7, the new token in slot 8. The window of 3 keeps
+    the new token and the 2 tokens before it (slots 3, 4), where a slot-index window would keep only the empty ones."""
+    import torch
+
+    from optimum_shared_graph.architectures._counted_window import MASKED, counted_window
+
+    row = np.array([1, 1, 1, 1, 1, 0, 0, 0, 1], bool)
+    additive = torch.where(torch.from_numpy(row)[None, None, None], 0.0, MASKED)
+    kept = (counted_window(additive, 3)[0, 0, 0] == 0).numpy()
+    np.testing.assert_array_equal(kept, [0, 0, 0, 1, 1, 0, 0, 0, 1])
+
+
+@pytest.mark.parametrize("model_type, overrides", [("gpt_neo", {"window_size": 4})])
+def test_counted_window_runs_through_npuw(model_type, overrides, tiny_model, tmp_path):
+    """A window of 4, shorter than the prompts: this package's artifact (its window counted along the mask) through
+    NPUW, greedy judged against PyTorch's logits. (Measured once on this tiny GPT-Neo: optimum-intel's artifact
+    loads there and its greedy tokens differ from the first steps, at PyTorch margins of 0.11 to 0.26.)"""
+    import openvino_genai as ov_genai
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from optimum_shared_graph.manifest import read_manifest
+
+    path = tiny_model(model_type, **overrides)
+    out = tmp_path / "shared"
+    run_cli_in_process("export", "openvino", "-m", str(path), "--task", "text-generation-shared",
+                       "--weight-format", "fp16", str(out))
+    assert [f["fix"] for f in read_manifest(out).model.get("fixes") or []] == [
+        f"optimum_shared_graph.architectures.{model_type}"]
+    pipe = ov_genai.LLMPipeline(str(out), "NPU", **NPUW, **NPU_PRECISION)
+    tok = AutoTokenizer.from_pretrained(path)
+    pt = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    for prompt in PROMPTS[:3]:
+        enc = tok([prompt], return_tensors="pt")
+        reference = pytorch_reference(pt, enc, 12)
+        why = judged_greedy(pipe, reference, NPU_PRECISION)
+        assert why is None, f"{prompt}: {why}"
+    assert max(len(tok(p)["input_ids"]) for p in PROMPTS[:3]) > 4  # the window really cuts

@@ -35,6 +35,8 @@ import models  # noqa: E402
 
 CGROUP = Path("/sys/fs/cgroup/memory")
 GIB = 2**30
+# The export's wall under a limit of optimum-intel's smallest passing one + 1 GiB, at most this many times optimum-intel's there.
+MEMORY_WALL_TARGET = 2.0
 
 
 def cgroup_available() -> str | None:
@@ -224,8 +226,8 @@ def _targets(rows: list[dict]) -> list[str]:
             out.append(f"| {fmt}: shared completes, validated, under {target:g} GiB | {'yes' if ok else 'no'} | yes | "
                        f"{'met' if ok else '**not met**'} |")
             ratio = r["wall_s"] / base["wall_s"]
-            out.append(f"| {fmt}: its wall / optimum-intel's at {base['limit_gib']:g} GiB | {ratio:.2f}x | <= 3x | "
-                       f"{'met' if ok and ratio <= 3 else '**not met**'} |")
+            out.append(f"| {fmt}: its wall / optimum-intel's at {base['limit_gib']:g} GiB | {ratio:.2f}x | <= 2x | "
+                       f"{'met' if ok and ratio <= MEMORY_WALL_TARGET else '**not met**'} |")
     free = [r for r in rows if r["limit_gib"] is None and r["completed"]]
     ours = [r["wall_s"] for r in free if r["task"] == "text-generation-shared"]
     theirs = [r["wall_s"] for r in free if r["task"].endswith("past")]

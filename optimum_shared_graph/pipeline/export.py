@@ -81,7 +81,7 @@ def run_export(
             if plan.static is not None:  # 4. the static graph quantized as asked, optimum-intel's graph dropped
                 from .static import finish_static_graph
 
-                finish_static_graph(raw, plan.static_plan, plan.opts)
+                finish_static_graph(raw, plan.static_plan, plan.opts, exported_type=plan.config.model_type)
             extra = _model_facts(plan, raw, fix)
             # 5. validate (a fallback is optimum-intel's own partitioning: recorded, not validated here)
             checked = None if export.reason is not None else _validate(plan, export, raw, quantization, calibration,

@@ -109,6 +109,24 @@ def test_int4_awq_calibrates_on_prefill_and_decode(export, quantizable_model):
     assert agreement["teacher_forced"] >= 0.4, agreement
 
 
+def test_npu_ready_int4_awq_runs_through_the_npu_pipeline(export):
+    """The NPU pipeline's form of int4 (symmetric, channel-wise, ratio 1.0), data-aware: the KV state stays f32
+    (optimum-intel gave the stateless graph's KV the CPU's bf16 on load, saved with the quantized graph behind
+    Converts, and NPUW refused it: "RemoveEmptyKVInputs ... failed"), and the NPU pipeline reproduces the export."""
+    import openvino as ov
+
+    import optimum_shared_graph as osg
+    from optimum_shared_graph.testing import NPU_ON_CPU
+
+    out = export("int4-npu", "--weight-format", "int4", "--sym", "--group-size", "-1", "--ratio", "1.0", "--awq",
+                 "--scale-estimation", "--calibration-decode-steps", str(DECODE_STEPS))
+    model = ov.Core().read_model(out / "openvino_model.xml")
+    states = [op for op in model.get_ops() if op.get_type_name() == "ReadValue"]
+    assert states and all(op.get_output_element_type(0) == ov.Type.f32 for op in states)
+    report = osg.validate(out, consumer="genai", device="NPU", properties=dict(NPU_ON_CPU))
+    assert report["status"] == "passed" and report["compared_tokens"] == [report["greedy_tokens"]], report
+
+
 def test_decode_samples_carry_their_kv_cache(export, quantizable_model):
     """Each decode sample, fed alone to the stateless graph, gives PyTorch's logits for that step."""
     import openvino as ov

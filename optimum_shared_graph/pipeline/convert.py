@@ -219,17 +219,28 @@ def convert(raw_export, source: str, raw: Path, *, task: str, exported_type: str
         problem = disk_problem(raw.parent.parent, err)
         if problem is not None:  # a full disk, not the model: say so
             raise write_error(raw.parent.parent, err, problem) from err
-        from ..errors import InvalidOptionsError
         from ..tasks import TASK
 
-        group_size = group_size_problem(err)
-        if group_size is not None:  # a flag the user can change, not the model: say which and how
-            raise InvalidOptionsError(f"{TASK} cannot quantize {exported_type}: {group_size} (nothing was written)") from err
+        refusal = group_size_refusal(err, exported_type)
+        if refusal is not None:  # a flag the user can change, not the model: say which and how
+            raise refusal from err
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         with_fix = f", with {fix.module}" if fix is not None else ""
         raise ModelNotSupportedError(
             f"optimum-intel could not export {exported_type} for {TASK} (its {task} export{with_fix}): {first}") from err
     return lifted, fix
+
+
+def group_size_refusal(err: BaseException, exported_type: str):
+    """The one-line `InvalidOptionsError` for NNCF's refusal of a group size (`group_size_problem`), else None.
+    Raised by the dynamic export (optimum-intel's `_main_quantize`) and the static one (`finish_static_graph`)."""
+    from ..errors import InvalidOptionsError
+    from ..tasks import TASK
+
+    problem = group_size_problem(err)
+    if problem is None:
+        return None
+    return InvalidOptionsError(f"{TASK} cannot quantize {exported_type}: {problem} (nothing was written)")
 
 
 def group_size_problem(err: BaseException) -> str | None:

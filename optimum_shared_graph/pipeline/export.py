@@ -85,7 +85,7 @@ def run_export(
             if plan.static is not None:  # 4. the static graph quantized as asked, optimum-intel's graph dropped
                 from .static import finish_static_graph
 
-                finish_static_graph(raw, plan.static_plan, plan.opts)
+                finish_static_graph(raw, plan.static_plan, plan.opts, exported_type=plan.config.model_type)
             extra = _model_facts(plan, raw, fix)
             # the graph's weights hashed in a thread while the validation runs, where the plan says
             digests = write.digests_beside(raw) if plan.digests_beside and export.reason is None else None

@@ -360,16 +360,28 @@ def _capture_that_fits(pt_model, capture, shapes: StaticShapes, opts: ExportOpti
     return with_float32_reference(pt_model, lambda: capture_generation(pt_model, ids, mask, new_tokens, **kwargs))
 
 
-def finish_static_graph(raw: Path, plan, opts: ExportOptions) -> None:
+def finish_static_graph(raw: Path, plan, opts: ExportOptions, *, exported_type: str = "the model") -> None:
     """After optimum-intel's export: the static graph quantized as its flags asked (`quantization/static.py`),
     optimum-intel's dynamic graph dropped. The quantized graph is saved as NNCF left it, beside the unquantized
-    one, then renamed over it."""
+    one, then renamed over it.
+
+    Raises:
+        InvalidOptionsError: NNCF refused the group size (it does not divide some matmul's input width): the
+            dynamic export's one line (`convert.group_size_refusal`).
+    """
     import openvino as ov
 
     from ..quantization.static import quantized_static_graph
+    from .convert import group_size_refusal
 
     xml = raw / STATIC_GRAPH_XML
-    ov_model = quantized_static_graph(xml, raw, plan, stateful=opts.stateful)
+    try:
+        ov_model = quantized_static_graph(xml, raw, plan, stateful=opts.stateful)
+    except Exception as err:  # NNCF's InvalidGroupSizeError: the static graph is quantized here, not in optimum-intel
+        refusal = group_size_refusal(err, exported_type)
+        if refusal is None:
+            raise
+        raise refusal from err
     (raw / GRAPH_XML).unlink(missing_ok=True)
     (raw / GRAPH_BIN).unlink(missing_ok=True)
     if ov_model is not None:

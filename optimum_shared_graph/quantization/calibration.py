@@ -201,17 +201,23 @@ class _NotStatefulWarning:
 def load_stateless(path, *, trust_remote_code: bool = False, cache_dir: str | None = None,
                    model_kwargs: dict | None = None):
     """optimum-intel's `OVModelForCausalLM` on the stateless graph in `path`, for its quantization
-    entry point (not compiled)."""
+    entry point (not compiled).
+
+    With `INFERENCE_PRECISION_HINT=f32` (`COMPILE_CONFIG`): on load optimum-intel gives a stateless graph's past
+    and present KV the device's inference precision (bf16 on a CPU with bf16 units), and that graph is what gets
+    quantized and saved: the artifact then kept a bf16 KV state behind Converts, which GenAI's NPU pipeline refuses
+    (`NPUW: Assertion ov::npuw::RemoveEmptyKVInputs().run_on_model(prefill_model) failed`)."""
     import logging
 
     from optimum.intel import OVModelForCausalLM
 
+    kwargs = dict(model_kwargs or {})
+    kwargs["ov_config"] = {**COMPILE_CONFIG, **(kwargs.get("ov_config") or {})}
     logger = logging.getLogger("optimum.intel.openvino.modeling_decoder")
     logger.addFilter(_NotStatefulWarning)
     try:
         return OVModelForCausalLM.from_pretrained(
-            path, compile=False, use_cache=True, trust_remote_code=trust_remote_code, cache_dir=cache_dir,
-            **(model_kwargs or {}),
+            path, compile=False, use_cache=True, trust_remote_code=trust_remote_code, cache_dir=cache_dir, **kwargs,
         )
     finally:
         logger.removeFilter(_NotStatefulWarning)

@@ -89,11 +89,11 @@ def tree(pid: int) -> list[int]:
     while todo:
         p = todo.pop()
         found.append(p)
-        for task in Path(f"/proc/{p}/task").glob("*/children"):
-            try:
-                todo += [int(c) for c in task.read_text().split()]
-            except OSError:
-                pass
+        try:
+            for task in Path(f"/proc/{p}/task").iterdir():
+                todo += [int(c) for c in (task / "children").read_text().split()]
+        except OSError:  # exited meanwhile
+            pass
     return found
 
 

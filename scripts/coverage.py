@@ -71,6 +71,8 @@ EXACT = {"KV_CACHE_PRECISION": "f32", "INFERENCE_PRECISION_HINT": "f32"}
 # GenAI's NPU pipeline (NPUW) with its partitions run on the CPU: the code path an NPU takes, runnable anywhere.
 NO_COMPARISON = "no optimum-intel artifact to compare (its export fails here)"
 RUNS_ALONE = "runs where optimum-intel's artifact fails"  # a cell where NPUW runs ours, with a difference, and not theirs
+# A cell where NPUW runs both artifacts and both differ from PyTorch, at different steps: not worse than optimum-intel's.
+BOTH_DIFFER = "both artifacts differ from PyTorch, at different steps"
 NPUW = {**NPU_ON_CPU, "MAX_PROMPT_LEN": 64, "MIN_RESPONSE_LEN": 64}  # f16 compute, as an NPU
 
 # GenAI's cell when only its default PagedAttention rewrite differs: the graph as exported, run by GenAI's SDPA
@@ -280,6 +282,8 @@ def npu_verdict(refs: list, ours, our_error: str | None, theirs=None, their_erro
         return f"{RUNS_ALONE} ({their_error}): {problem}"
     if theirs == ours:
         return f"as optimum-intel's artifact, token for token (NPUW's f16): {problem}"
+    if their_problem is not None:
+        return f"{BOTH_DIFFER}: this package's: {problem}; optimum-intel's: {their_problem}"
     return f"differs from optimum-intel's artifact: {problem}"
 
 
@@ -982,6 +986,7 @@ def _npu_summary(cells: list[str], *, real_width: bool, not_measured: int = 0) -
     neither = sum(n.startswith("NPUW runs neither") for n in cells)
     alone = sum(n.startswith(NO_COMPARISON) for n in cells)
     runs_alone = sum(n.startswith(RUNS_ALONE) for n in cells)
+    both = sum(n.startswith(BOTH_DIFFER) for n in cells)
     parity = sum(n.startswith("parity") for n in cells)
     parity_alone = sum(n.startswith("parity (optimum-intel's artifact: RuntimeError") for n in cells)
     which = (f"at released width, of the {len(cells)} exported types measured there" if real_width
@@ -989,9 +994,10 @@ def _npu_summary(cells: list[str], *, real_width: bool, not_measured: int = 0) -
     text = (f"NPU pipeline (NPUW on the CPU), {which}: {parity} with parity ({parity_alone} of them where NPUW runs "
             f"optimum-intel's artifact not at all), {runs_alone} that NPUW runs with a difference where it runs "
             f"optimum-intel's artifact not at all, {same} with "
-            f"a difference optimum-intel's own artifact shares token for token, {neither} that NPUW runs for "
+            f"a difference optimum-intel's own artifact shares token for token, {both} where both artifacts differ from "
+            f"PyTorch at different steps, {neither} that NPUW runs for "
             f"neither artifact (the cell names the cause where it was measured), {alone} without parity that optimum-intel cannot export here "
-            f"(nothing to compare), {len(cells) - parity - runs_alone - same - neither - alone - refused} worse than optimum-intel's artifact"
+            f"(nothing to compare), {len(cells) - parity - runs_alone - same - both - neither - alone - refused} worse than optimum-intel's artifact"
             + (f", {refused} whose export this package refused at real width (its validation against PyTorch)" if refused else "")
             + ".")
     if not_measured:
@@ -1003,7 +1009,7 @@ def _verdict_label(npu: str | None) -> str:
     """The verdict of an NPU cell without the detail both artifacts' columns already show."""
     npu = npu or "-"
     for prefix in ("as optimum-intel's artifact", "NPUW runs neither artifact", "differs from optimum-intel's artifact",
-                   NO_COMPARISON):
+                   BOTH_DIFFER, NO_COMPARISON):
         if npu.startswith(prefix):
             return npu.split(":", 1)[0] if prefix != NO_COMPARISON else prefix
     return npu

@@ -34,7 +34,7 @@ class ChildResult:
     peak_rss_mb: float
     stdout: str
     stderr: str
-    peak_anon_mb: float = float("nan")  # anonymous memory (RssAnon of the tree, sampled every 50 ms): not file pages
+    peak_anon_mb: float = float("nan")  # anonymous memory (RssAnon, sampled every 50 ms): not file pages
     peak_pss_mb: float = float("nan")  # the tree's PSS (shared pages counted once), sampled every 250 ms
 
     def json(self) -> dict:
@@ -98,17 +98,15 @@ def tree(pid: int) -> list[int]:
 
 
 def _rss_anon_mb(pid: int) -> float:
-    """The anonymous resident memory (heap, copies of weights: what file pages are not) of a running process and
-    every process below it, summed."""
-    total, seen = 0.0, False
-    for p in tree(pid):
-        try:
-            for line in Path(f"/proc/{p}/status").read_text().splitlines():
-                if line.startswith("RssAnon:"):
-                    total, seen = total + int(line.split()[1]) / 1024, True
-        except OSError:
-            pass
-    return total if seen else float("nan")
+    """A running process's anonymous resident memory (heap, copies of weights): what file pages are not. (Summed
+    over a tree it would count a forked child's copy-on-write pages twice: `pss_mb` is the tree's figure.)"""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("RssAnon:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return float("nan")
 
 
 def pss_mb(pid: int) -> float:

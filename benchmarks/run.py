@@ -126,7 +126,7 @@ EXPORT_SUITES = {"export": ("qwen2-0.5b", "qwen3-4b"), "large": ("qwen3-4b",)}
 # The static C=16 export is timed at the small shape only (at 4 B it would double the suite's time).
 EXPORT_STATIC_UP_TO = 2 * 10**9
 # Disk an export suite needs: the checkpoints, every layout's artifact and an export's staging copy.
-EXPORT_DISK_GB = {"export": 45, "large": 45}
+EXPORT_DISK_GB = {"export": 40, "large": 40}
 
 # --quick: what a smoke test needs to cross every code path that matters, in about a minute.
 QUICK_ROWS = ["shared-optimum", "withpast-optimum", "shared-runtime", "shared-genai"]

@@ -139,8 +139,8 @@ def test_overlap_choice_not_understood(tiny_model, out_dir, monkeypatch):
     before = tree_snapshot(out_dir)
     proc = _export(tiny_model("llama"), out_dir)
     assert proc.returncode != 0
-    assert error_line(proc) == ("error: OPTIMUM_SHARED_GRAPH_OVERLAP='sideways' is not on or off: set it to one "
-                                "of them or unset it")
+    assert error_line(proc) == ("error: OPTIMUM_SHARED_GRAPH_OVERLAP='sideways' is not one of off, digests, on: set it "
+                                "to one of them or unset it")
     _assert_unchanged(out_dir, before)
 
 

@@ -2,9 +2,8 @@
 
 optimum-intel's conversion (its trace, the conversion and the save of the graph) runs on one core most of the
 time, and the capture (`decompose.py`: PyTorch's `generate()` with float32 compute) needs the model but nothing
-the conversion makes. Where the plan says so (`memory.overlap_fits`: a checkpoint large enough that its
-capture takes longer than starting a process, memory for the page cache to hold it once for both processes, two
-cores or more), the export starts a child process when optimum-intel starts loading the model: the child loads it
+the conversion makes. Where asked (`OPTIMUM_SHARED_GRAPH_OVERLAP=on`, `memory.overlap`), the export starts a child
+process when optimum-intel starts loading the model: the child loads it
 with the same arguments optimum-intel's load was given (`TasksManager.get_model_from_task`; the weights are
 memory-mapped from the same files), runs the same capture and hands it back, while optimum-intel converts in the
 export's process. The capture is the same as in the export's process, value for value.
@@ -14,8 +13,8 @@ The conversion goes ahead on the assumption that the model gets its shared graph
 child fails for any other reason (killed, a bug), the capture runs in the export's process on the model
 optimum-intel loaded, as without this module. A `SharedGraphError` the child raised is raised in the export.
 
-The environment variable `OPTIMUM_SHARED_GRAPH_OVERLAP` (`memory.OVERLAP_ENV`) chooses: `on` (whenever the export
-could), `off` (never), unset (where the plan finds it pays).
+Measured on 2 cores (docs/export-cost.md), it made the export no faster: the child's start and its compute slow the
+conversion down by about what they save. So it runs only when asked, for a machine with cores to spare.
 """
 
 from __future__ import annotations

@@ -13,8 +13,8 @@ with the same results. The facts decided here, once:
 * `plan_validation()`, at stage 1: `check_fits()`, and how many calls the capture records;
 * `check_fits()`: before the conversion, whether even the smallest part (the largest single weight, or one
   decoder layer) can fit; if not, the export stops with one line instead of being killed halfway;
-* `overlap_fits()`: whether work runs side by side: the capture in a process of its own beside optimum-intel's
-  conversion (`capture_beside.py`), the digests beside the validation.
+* `overlap()`: what runs side by side: the digests beside the validation, the capture in a process of its own
+  beside optimum-intel's conversion (`capture_beside.py`, on request).
 """
 
 from __future__ import annotations
@@ -218,32 +218,41 @@ def captured_tokens(checkpoint: int | None, memory: Memory) -> int:
     return max(MIN_TOKENS, min(MAX_TOKENS, CAPTURE_TRAFFIC // max(checkpoint, 1)))
 
 
-# Work runs beside other work (the capture beside optimum-intel's conversion, the digests beside the validation) from
-# this checkpoint size: below it, starting a process (imports, load) costs about what the capture does. Beside the
-# page cache's one copy of the checkpoint, the capture's process holds its own anonymous memory: the imports, one
-# decoder layer's float32 weights, the activations.
-BESIDE_FROM_BYTES = 512 * 2**20
-BESIDE_CHILD = 2 * 2**30
+OVERLAPS = ("off", "digests", "on")
 
 
-def overlap_fits(model: str, memory: Memory) -> bool:
-    """Whether the export runs work side by side: the capture in a process of its own beside optimum-intel's
-    conversion (`capture_beside.py`), the graph's digests in a thread beside the validation
-    (`manifest.DigestsBeside`). Yes for a local checkpoint of at least `BESIDE_FROM_BYTES`, with two cores or more
-    and memory for the page cache to hold the checkpoint once for two readers beside the capture process's
-    `BESIDE_CHILD` and `RESERVE` (under a tighter limit each reader would read the weights from disk again, and
-    the export runs one step at a time). `OPTIMUM_SHARED_GRAPH_OVERLAP=on` or `off` decides instead.
+@dataclass(frozen=True)
+class Overlap:
+    """What the export runs side by side (`overlap()`)."""
+
+    digests: bool = False  # the graph's `.bin` hashed in a thread while the validation runs (`manifest.DigestsBeside`)
+    capture: bool = False  # the capture in a process of its own while optimum-intel converts (`capture_beside.py`)
+
+
+def overlap(model: str, memory: Memory) -> Overlap:
+    """What the export runs side by side, from `OPTIMUM_SHARED_GRAPH_OVERLAP`: `off` (one step at a time),
+    `digests` (the `.bin` hashed while the validation runs), `on` (that, and the capture of `generate()` in a
+    process of its own while optimum-intel converts), or unset: the digests with two cores or more (the hash reads
+    the `.bin` once, into a reused buffer, as it would after the validation: no memory but that). The capture beside
+    the conversion is asked for, never chosen: on 2 cores it made the export no faster (the capture process's
+    start and compute slow optimum-intel's conversion down by about what they save; docs/export-cost.md). A
+    capture beside needs memory for a second process (`BESIDE_CHILD`) beside the page cache's one copy of the
+    checkpoint and `RESERVE`; where that is short it runs in the export's process.
 
     Raises:
         InvalidOptionsError: `OPTIMUM_SHARED_GRAPH_OVERLAP` is set to anything else.
     """
     choice = os.environ.get(OVERLAP_ENV, "").strip().lower()
-    if choice not in ("", "on", "off"):
-        raise InvalidOptionsError(f"{OVERLAP_ENV}={os.environ[OVERLAP_ENV]!r} is not on or off: set it to one "
-                                  "of them or unset it")
+    if choice not in ("", *OVERLAPS):
+        raise InvalidOptionsError(f"{OVERLAP_ENV}={os.environ[OVERLAP_ENV]!r} is not one of {', '.join(OVERLAPS)}: "
+                                  "set it to one of them or unset it")
     if choice:
-        return choice == "on"
-    size = checkpoint_bytes(model)
-    if size is None or size < BESIDE_FROM_BYTES or (os.cpu_count() or 1) < 2:
-        return False
-    return memory.available >= size + BESIDE_CHILD + RESERVE
+        size = checkpoint_bytes(model) or 0
+        return Overlap(digests=choice != "off",
+                       capture=choice == "on" and memory.available >= size + BESIDE_CHILD + RESERVE)
+    return Overlap(digests=(os.cpu_count() or 1) >= 2)
+
+
+# A capture in its own process holds its own anonymous memory: the imports, one decoder layer's float32 weights, the
+# activations (the weights are memory-mapped from the checkpoint's files, which the page cache holds once).
+BESIDE_CHILD = 2 * 2**30

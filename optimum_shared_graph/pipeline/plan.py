@@ -67,11 +67,11 @@ def make_plan(model: str, output_dir, opts: ExportOptions, *, quantization: dict
     calibrating = _calibrating(opts, static_plan, quantization, quantization_config)
     # side by side where memory and cores allow; the static trace and the calibration need the capture on
     # optimum-intel's own model, in this process, and a calibrated graph is saved again (nothing to digest early)
-    overlap = memory.overlap_fits(model, memory.available_memory())
-    beside = overlap and static is None and not calibrating and language is None and reason is None
+    overlap = memory.overlap(model, memory.available_memory())
+    beside = overlap.capture and static is None and not calibrating and language is None and reason is None
     return Plan(model=model, output=output, config=config, opts=opts, language=language, static=static,
                 static_plan=static_plan, weight_format=weight_format, calibrating=calibrating, fallback_reason=reason,
-                capture_beside=beside, digests_beside=overlap and not calibrating)
+                capture_beside=beside, digests_beside=overlap.digests and not calibrating)
 
 
 def _calibrating(opts: ExportOptions, static_plan, quantization: dict | None, quantization_config) -> bool:

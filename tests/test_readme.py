@@ -46,6 +46,10 @@ def _memory(text: str) -> str:
     return f"{min(limits):g} GiB"
 
 
+def _export_wall(text: str) -> str:
+    return re.search(r"^\| qwen3-4b \| shared wall \| ([0-9.]+x) \|", text, re.M)[1]
+
+
 # a row's `what` starts with one of these: how its figure is read from its page
 READERS = {
     "model types of optimum-intel's": _architectures,
@@ -54,6 +58,7 @@ READERS = {
     "peak memory during generation": _benchmark_row("peak memory during generation"),
     "fp16 artifact at a 1,024-token prompt": _fp16,
     "smallest memory limit under which a validated fp16 export": _memory,
+    "wall time of a validated fp16 export": _export_wall,
 }
 
 

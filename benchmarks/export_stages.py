@@ -33,6 +33,7 @@ sys.path.insert(0, str(HERE.parent))
 import children  # noqa: E402
 import context  # noqa: E402
 import models  # noqa: E402
+import memory  # noqa: E402
 from memory import Limit, cgroup_available  # noqa: E402
 
 BEGIN, END = "<!-- export-stages -->", "<!-- /export-stages -->"
@@ -75,27 +76,11 @@ def measure_in_process(model: str, out: str, weight_format: str) -> dict:
             "validation": {"status": v.get("status"), "run": v.get("run"), "greedy_tokens": v.get("greedy_tokens")}}
 
 
-def with_past(model: Path, out: Path, weight_format: str, limit_gib: float | None) -> dict:
-    """optimum-intel's own export in a fresh process tree under `limit_gib`: wall, peak RSS, peak anonymous."""
-    shutil.rmtree(out, ignore_errors=True)
-    limit = Limit(limit_gib, f"osg-stages-{os.getpid()}")
-    args = ["optimum-cli", "export", "openvino", "-m", str(model), "--task", "text-generation-with-past",
-            "--weight-format", weight_format, str(out)]
-    start = time.perf_counter()
-    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                            env=children.child_env(), preexec_fn=limit.enter)
-    peak_anon = 0.0
-    while proc.poll() is None:
-        anon = children._rss_anon_mb(proc.pid)
-        if anon == anon:
-            peak_anon = max(peak_anon, anon)
-        time.sleep(0.05)
-    wall = time.perf_counter() - start
-    err = proc.stderr.read()
-    limit.close()
-    shutil.rmtree(out, ignore_errors=True)
-    return {"completed": proc.returncode == 0, "wall_s": round(wall, 1), "peak_anon_mb": round(peak_anon),
-            "error": None if proc.returncode == 0 else (err.strip().splitlines() or ["?"])[-1][:200]}
+def with_past(model: Path, out: Path, weight_format: str, limit_gib: float | None, log: Path) -> dict:
+    """optimum-intel's own export in a fresh process tree under `limit_gib` (`memory.export`): wall, peak anonymous."""
+    row = memory.export(model, out, "text-generation-with-past", weight_format, limit_gib, log)
+    return {"completed": row["completed"], "wall_s": row["wall_s"], "peak_anon_mb": row["peak_anon_mb"],
+            "error": row.get("error")}
 
 
 def shared(model: Path, out: Path, weight_format: str, limit_gib: float | None) -> dict:
@@ -126,7 +111,9 @@ def run(args) -> dict:
             if gib is not None and (why := cgroup_available()):
                 print(f"skipped {name} under {gib:g} GiB: {why}", flush=True)
                 continue
-            theirs = with_past(model, work / "stages-with-past", args.weight_format, gib)
+            log = work / "logs-stages" / f"with-past-{name}-{limit}.log"
+            log.parent.mkdir(parents=True, exist_ok=True)
+            theirs = with_past(model, work / "stages-with-past", args.weight_format, gib, log)
             ours = shared(model, work / "stages-shared", args.weight_format, gib)
             runs.append({"model": name, "shape": models.describe(name), "limit_gib": gib,
                          "checkpoint_gb": round(sum(p.stat().st_size for p in model.glob("*.safetensors")) / 1e9, 2),

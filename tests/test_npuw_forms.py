@@ -318,28 +318,3 @@ def test_counted_window_runs_through_npuw(model_type, overrides, tiny_model, tmp
         assert why is None, f"{prompt}: {why}"
     assert max(len(tok(p)["input_ids"]) for p in PROMPTS[:3]) > 4  # the window really cuts
 
-
-@pytest.mark.parametrize("model_type", ["granitemoe"])
-def test_dense_experts_run_through_npuw(model_type, tiny_model, tmp_path):
-    """GraniteMoE's experts computed densely (architectures/granitemoe.py): NPUW, which needs static shapes, runs
-    this package's artifact, greedy judged against PyTorch's logits (both artifacts failed there with the sparse
-    experts' data-dependent slices: "to_shape was called on a dynamic shape")."""
-    import openvino_genai as ov_genai
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from optimum_shared_graph.manifest import read_manifest
-
-    path = tiny_model(model_type)
-    out = tmp_path / "shared"
-    run_cli_in_process("export", "openvino", "-m", str(path), "--task", "text-generation-shared",
-                       "--weight-format", "fp16", str(out))
-    assert [f["fix"] for f in read_manifest(out).model.get("fixes") or []] == [
-        "optimum_shared_graph.architectures.granitemoe"]
-    pipe = ov_genai.LLMPipeline(str(out), "NPU", **NPUW, **NPU_PRECISION)
-    tok = AutoTokenizer.from_pretrained(path)
-    pt = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-    for prompt in PROMPTS[:3]:
-        enc = tok([prompt], return_tensors="pt")
-        why = judged_greedy(pipe, pytorch_reference(pt, enc, 12), NPU_PRECISION)
-        assert why is None, f"{prompt}: {why}"

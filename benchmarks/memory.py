@@ -202,6 +202,8 @@ def write_page(results: list[dict], docs: Path, note: str = "") -> Path:
                   "| figure | measured | target | |", "| --- | --- | --- | --- |"]
         lines += _targets(res["rows"])
         lines.append("")
+    lines += ["Where a target is not met, [What an export costs](export-cost.md) has the export's steps under the same "
+              "limit, side by side with optimum-intel's, and what bounds them.", ""]
     v = results[0]["versions"]
     lines.append("Versions: " + ", ".join(f"{k} {val}" for k, val in v.items()) + ".")
     page = docs / "benchmarks-memory.md"

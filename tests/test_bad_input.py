@@ -114,7 +114,7 @@ def flip_model(tmp_path_factory):
     return remote_code_llama(path, "modeling_flip", "FlipLlamaForCausalLM", _FLIP_MODELING)
 
 
-@pytest.mark.parametrize("memory", ["found", "parts", "capture beside"])
+@pytest.mark.parametrize("memory", ["found", "parts", pytest.param("capture beside", marks=pytest.mark.slow)])
 def test_failed_validation_writes_nothing(flip_model, out_dir_both, memory, monkeypatch):
     """The broken-decode model is refused, its graph compiled whole or validated part by part, its capture made in
     the export's process or in one of its own beside optimum-intel's conversion."""

@@ -66,7 +66,7 @@ def opaque_model(tmp_path_factory):
     return path
 
 
-@pytest.mark.parametrize("overlap", ["off", "on"])
+@pytest.mark.parametrize("overlap", ["off", pytest.param("on", marks=pytest.mark.slow)])
 def test_undecomposable_model_falls_back_to_with_past(opaque_model, tmp_path, overlap, monkeypatch):
     """Found by the capture before optimum-intel converts, or by the capture beside its conversion (converted
     again, as a fallback)."""

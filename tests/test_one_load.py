@@ -175,6 +175,7 @@ def test_capture_beside_the_conversion_is_the_same_capture(fp16_model, tmp_path,
     assert not [p for p in (tmp_path / "beside").iterdir() if p.name.startswith("capture")]
 
 
+@pytest.mark.slow
 def test_capture_beside_that_dies_is_made_in_the_export(fp16_model, tmp_path, monkeypatch):
     """A capture process that dies (killed here, as the kernel's OOM killer would) costs its time, not the export:
     the capture is made in the export's process on the model optimum-intel loaded."""

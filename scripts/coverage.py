@@ -74,6 +74,10 @@ RUNS_ALONE = "runs where optimum-intel's artifact fails"  # a cell where NPUW ru
 # A cell where NPUW runs both artifacts and both differ from PyTorch, at different steps: not worse than optimum-intel's.
 BOTH_DIFFER = "both artifacts differ from PyTorch, at different steps"
 NPUW = {**NPU_ON_CPU, "MAX_PROMPT_LEN": 64, "MIN_RESPONSE_LEN": 64}  # f16 compute, as an NPU
+# Where NPUW fails on this package's artifact, it is run again without its function folding (repeated blocks compiled
+# once), a property a user can pass: a cell where that runs ours and optimum-intel's runs in neither way.
+UNFOLDED = {"NPUW_FOLD": "NO"}
+RUNS_UNFOLDED = "runs with NPUW_FOLD=NO where optimum-intel's artifact fails"
 
 # GenAI's cell when only its default PagedAttention rewrite differs: the graph as exported, run by GenAI's SDPA
 # backend, has parity (counted as parity, and the headline says how many).
@@ -249,22 +253,38 @@ def _genai_problem(out: Path, refs: list, label: str, **properties) -> str | Non
     return next(iter(_differences(label, refs, _genai_tokens(out, refs, "CPU", **EXACT, **properties))), None)
 
 
-def _npu_attempt(artifact: Path, refs: list):
-    """Greedy tokens of `artifact` through the NPU pipeline, or None and the error's own message."""
-    try:
-        return _genai_tokens(artifact, refs, "NPU", **NPUW), None
-    except Exception as err:  # noqa: BLE001
-        return None, re.sub(r"_\d+", "_N", _ov_reason(err))
+def _npu_attempt(artifact: Path, refs: list, **extra):
+    """Greedy tokens of `artifact` through the NPU pipeline (`NPUW`, then `extra`), or None and the error's own message.
+
+    The pipeline runs in a process of its own: where NPUW reads a size it never set (granitemoe's folded graph), it
+    raises, or allocates until the kernel kills the process, which then ends this attempt, not the type's run."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+    from concurrent.futures.process import BrokenProcessPool
+
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        try:
+            return pool.submit(_genai_tokens, artifact, refs, "NPU", **{**NPUW, **extra}).result(), None
+        except BrokenProcessPool:
+            return None, "the NPU pipeline's process died (killed by the kernel: out of memory, or crashed)"
+        except Exception as err:  # noqa: BLE001
+            return None, re.sub(r"_\d+", "_N", _ov_reason(err))
 
 
 def npu_verdict(refs: list, ours, our_error: str | None, theirs=None, their_error: str | None = None, *,
-                theirs_exported: bool = True, their_export_error: str = "") -> str:
+                theirs_exported: bool = True, their_export_error: str = "", unfolded=None) -> str:
     """The NPU pipeline's cell: the shared artifact's greedy tokens (`ours`, or `our_error`) against PyTorch's,
     judged against optimum-intel's own artifact of the same model (`theirs` / `their_error`; NPUW computes in
-    f16: a difference both artifacts share is NPUW's)."""
+    f16: a difference both artifacts share is NPUW's). `unfolded`: where both failed, the (tokens, error) of each
+    artifact run again with `UNFOLDED`, as `((ours, our_error), (theirs, their_error))`."""
     def problem_of(tokens, error):
         return error or next(iter(_differences("NPUW", refs, tokens)), None)
 
+    if our_error and their_error and unfolded is not None:
+        (ours_u, our_error_u), (theirs_u, their_error_u) = unfolded
+        if our_error_u is None and their_error_u is not None:
+            return (f"{RUNS_UNFOLDED} ({their_error_u}): {problem_of(ours_u, None) or 'parity'}; with NPUW's default "
+                    f"folding: {our_error}")
     problem = problem_of(ours, our_error)
     if not theirs_exported:
         detail = f" ({their_export_error})" if their_export_error else ""
@@ -405,22 +425,28 @@ def run_npu_one(model_type: str, workdir: Path, layers: int | None = None) -> di
     t0 = time.monotonic()
     ours, our_error = _npu_attempt(ours_dir, refs)
     lap("npu_shared", t0)
+    ours_unfolded = _npu_attempt(ours_dir, refs, **UNFOLDED) if our_error else None
     shutil.rmtree(ours_dir, ignore_errors=True)
 
     t0 = time.monotonic()
     code, stderr = _cli(["export", "openvino", "-m", str(model_dir), "--task", "text-generation-with-past",
                          "--weight-format", NPU_WEIGHT_FORMAT, str(theirs_dir)])
     lap("export_with_past", t0)
-    theirs = their_error = None
+    theirs = their_error = theirs_unfolded = None
     if code == 0:
         t0 = time.monotonic()
         theirs, their_error = _npu_attempt(theirs_dir, refs)
         lap("npu_with_past", t0)
+        theirs_unfolded = _npu_attempt(theirs_dir, refs, **UNFOLDED) if their_error and ours_unfolded else None
         shutil.rmtree(theirs_dir, ignore_errors=True)
     result["npu_shared"] = our_error or next(iter(_differences("NPUW", refs, ours)), None) or "parity"
     result["npu_with_past"] = (their_error or next(iter(_differences("NPUW", refs, theirs)), None) or "parity"
                                ) if code == 0 else f"export failed: {_error_line(stderr)}"
-    result["npu"] = npu_verdict(refs, ours, our_error, theirs, their_error, theirs_exported=code == 0)
+    unfolded = (ours_unfolded, theirs_unfolded) if ours_unfolded and theirs_unfolded else None
+    if unfolded:
+        result["npu_unfolded"] = {"shared": ours_unfolded[1] or next(iter(_differences("NPUW", refs, ours_unfolded[0])), None)
+                                  or "parity", "with_past": theirs_unfolded[1] or "ran"}
+    result["npu"] = npu_verdict(refs, ours, our_error, theirs, their_error, theirs_exported=code == 0, unfolded=unfolded)
     seconds["total"] = round(time.monotonic() - started, 1)
     return result
 
@@ -929,9 +955,12 @@ NPUW_CAUSES = [
      "optimum-intel's artifact too; the window counted along the mask instead runs through NPUW with greedy parity "
      "(measured at starcoder2-3b's widths) but loses the window in GenAI's default PagedAttention backend, which "
      "recognises only transformers' own form, so it is not exported"),
-    (("granitemoe", "granitemoehybrid"), "to_shape was called on a dynamic shape",
-     "optimum-intel's GraniteMoE experts slice each expert's tokens by counts the router computes at run time "
-     "(`Slice` with data-dependent bounds in `block_sparse_moe`): shapes NPUW's static reshape cannot make static"),
+    (("granitemoehybrid",), "Shape inference input shapes",
+     "with its experts dense (`architectures/granitemoe.py`; optimum-intel's own experts slice each expert's tokens by "
+     "counts the router computes at run time, shapes NPUW cannot make static: `to_shape was called on a dynamic shape`), "
+     "NPUW's function folding infers a shape from a size that changes from run to run (an uninitialised value, not "
+     "diagnosed further); without folding (`NPUW_FOLD=NO`) both artifacts fail the same way, NPUW's lookup of the "
+     "embedding it shares with the tied head (`Key opset1::MatMul ... is not found in a map`)"),
 ]
 
 
@@ -986,6 +1015,7 @@ def _npu_summary(cells: list[str], *, real_width: bool, not_measured: int = 0) -
     neither = sum(n.startswith("NPUW runs neither") for n in cells)
     alone = sum(n.startswith(NO_COMPARISON) for n in cells)
     runs_alone = sum(n.startswith(RUNS_ALONE) for n in cells)
+    unfolded = sum(n.startswith(RUNS_UNFOLDED) for n in cells)
     both = sum(n.startswith(BOTH_DIFFER) for n in cells)
     parity = sum(n.startswith("parity") for n in cells)
     parity_alone = sum(n.startswith("parity (optimum-intel's artifact: RuntimeError") for n in cells)
@@ -993,11 +1023,12 @@ def _npu_summary(cells: list[str], *, real_width: bool, not_measured: int = 0) -
              else f"of the {len(cells)} exported types")
     text = (f"NPU pipeline (NPUW on the CPU), {which}: {parity} with parity ({parity_alone} of them where NPUW runs "
             f"optimum-intel's artifact not at all), {runs_alone} that NPUW runs with a difference where it runs "
-            f"optimum-intel's artifact not at all, {same} with "
+            f"optimum-intel's artifact not at all, {unfolded} that NPUW runs only with `NPUW_FOLD=NO` (its default "
+            f"folding fails on it; optimum-intel's artifact runs in neither way), {same} with "
             f"a difference optimum-intel's own artifact shares token for token, {both} where both artifacts differ from "
             f"PyTorch at different steps, {neither} that NPUW runs for "
             f"neither artifact (the cell names the cause where it was measured), {alone} without parity that optimum-intel cannot export here "
-            f"(nothing to compare), {len(cells) - parity - runs_alone - same - both - neither - alone - refused} worse than optimum-intel's artifact"
+            f"(nothing to compare), {len(cells) - parity - runs_alone - unfolded - same - both - neither - alone - refused} worse than optimum-intel's artifact"
             + (f", {refused} whose export this package refused at real width (its validation against PyTorch)" if refused else "")
             + ".")
     if not_measured:
@@ -1009,9 +1040,9 @@ def _verdict_label(npu: str | None) -> str:
     """The verdict of an NPU cell without the detail both artifacts' columns already show."""
     npu = npu or "-"
     for prefix in ("as optimum-intel's artifact", "NPUW runs neither artifact", "differs from optimum-intel's artifact",
-                   BOTH_DIFFER, NO_COMPARISON):
+                   BOTH_DIFFER, NO_COMPARISON, RUNS_UNFOLDED):
         if npu.startswith(prefix):
-            return npu.split(":", 1)[0] if prefix != NO_COMPARISON else prefix
+            return npu.split(":", 1)[0] if prefix not in (NO_COMPARISON, RUNS_UNFOLDED) else prefix
     return npu
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import json
 
 import pytest
 import torch
@@ -20,12 +21,13 @@ import torch
 from conftest import (EXACT, NPU_PRECISION, PROMPTS, break_decode, judged_greedy, pytorch_reference, run_cli,
                       run_cli_in_process, sixteen_bit)
 
+import optimum_shared_graph as osg
 from optimum_shared_graph import architectures, read_manifest
 from optimum_shared_graph.testing import NPU_ON_CPU
 
 # The model types this package repairs under transformers 5.5 (optimum-intel's own configs fail there).
 REPAIRED = ["bigbird_pegasus", "blenderbot", "dbrx", "deepseek_v2", "deepseek_v3", "falcon_mamba", "gemma4_text",
-            "gpt_neo", "lfm2", "lfm2_moe", "mamba", "marian", "mbart", "mpt", "pegasus", "qwen3_5_moe_text", "qwen3_5_text",
+            "gpt_neo", "granitemoe", "granitemoehybrid", "lfm2", "lfm2_moe", "mamba", "marian", "mbart", "mpt", "pegasus", "qwen3_5_moe_text", "qwen3_5_text",
             "qwen3_next", "zamba2"]
 
 # The decoder-only (`*ForCausalLM`) form of the sequence-to-sequence families optimum-intel registers for
@@ -48,7 +50,7 @@ SEQ2SEQ_WITHOUT_FIX = ["bart", "blenderbot-small"]
 GENAI_SDPA_ONLY = {"blenderbot-small", "mpt"}
 
 # With a pure KV cache, so a static export too; the others carry convolution / SSM / linear-attention state.
-KV_CACHE_ONLY = {"dbrx", "deepseek_v2", "deepseek_v3", "gemma4_text", "gpt_neo", "mpt", *SEQ2SEQ_DECODERS}
+KV_CACHE_ONLY = {"dbrx", "deepseek_v2", "deepseek_v3", "gemma4_text", "gpt_neo", "granitemoe", "mpt", *SEQ2SEQ_DECODERS}
 
 # optimum-intel's OVModelForCausalLM feeds these mamba-style graphs only the new tokens' attention mask after the
 # prompt (runtimes/session.py), so a left-padded row's attention layers cannot tell its padding from its past:
@@ -184,6 +186,26 @@ def test_repaired_type_exports_one_graph_with_parity(model_type, tiny_model, tmp
     _exports_one_graph_with_parity(model_type, tiny_model(model_type), tmp_path)
 
 
+@pytest.mark.timeout(600)
+def test_granitemoe_dense_experts_run_only_the_routed_ones_on_a_cpu(tiny_model, tmp_path):
+    """GraniteMoE's experts exported densely (every expert on every token, architectures/granitemoe.py, so NPUW can
+    make the graph static) in the form OpenVINO's CPU plugin turns into `GatherMatmul`s over the routed experts:
+    three per MoE layer (gate, up, down), so a CPU does not pay for the experts a token skips. The form is validated
+    against PyTorch at export."""
+    import openvino as ov
+
+    if architectures.fix_module("granitemoe") is None:
+        pytest.skip("the installed transformers is outside architectures/granitemoe.py's range")
+    model = tiny_model("granitemoe")
+    manifest = osg.export(str(model), tmp_path / "ov", quiet=True)
+    assert manifest.validation["status"] == "passed" and manifest.validation["greedy_match"]
+    assert [f["fix"] for f in manifest.model["fixes"]] == ["optimum_shared_graph.architectures.granitemoe"]
+    compiled = ov.Core().compile_model(tmp_path / "ov" / "openvino_model.xml", "CPU")
+    kinds = [op.get_rt_info()["layerType"].astype(str) for op in compiled.get_runtime_model().get_ops()]
+    layers = json.loads((model / "config.json").read_text())["num_hidden_layers"]
+    assert kinds.count("GatherMatmul") == 3 * layers, sorted(set(kinds))
+
+
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("model_type", _cases(SEQ2SEQ_WITHOUT_FIX))
 def test_seq2seq_decoder_exports_one_graph_with_parity(model_type, tiny_model, tmp_path):
@@ -271,8 +293,6 @@ def _exports_one_graph_with_parity(model_type, path, tmp_path) -> None:
     del pipe
 
     if model_type in KV_CACHE_ONLY:  # a static export (C = 4), run through runtime()
-        import optimum_shared_graph as osg
-
         static = tmp_path / "static"
         run_cli("export", "openvino", "-m", str(path), "--task", "text-generation-shared", "--shape-mode", "static",
                 "--static-query-len", "4", "--max-cache-len", "128", str(static), check=True)

@@ -247,6 +247,16 @@ def test_npu_verdict_judges_ours_against_optimum_intels_artifact():
     assert alone.startswith(f"{cov.RUNS_ALONE} (RuntimeError: y): NPUW: token 1")
     assert "0 worse than" in cov._npu_summary([alone], real_width=True) and "1 that NPUW runs with a difference" in \
         cov._npu_summary([alone], real_width=True)
+    # both fail with NPUW's default folding; unfolded, ours runs and theirs does not: its own category, not "neither"
+    unfolded = cov.npu_verdict(refs, None, "RuntimeError: x", None, "RuntimeError: z",
+                               unfolded=((right, None), (None, "RuntimeError: z")))
+    assert unfolded == f"{cov.RUNS_UNFOLDED} (RuntimeError: z): parity; with NPUW's default folding: RuntimeError: x"
+    summary = cov._npu_summary([unfolded], real_width=True)
+    assert "1 that NPUW runs only with `NPUW_FOLD=NO`" in summary and "0 that NPUW runs for neither" in summary
+    assert "0 worse than" in summary
+    # unfolded, both run (or neither does): the cell is judged as before, on the default runs
+    assert cov.npu_verdict(refs, None, "RuntimeError: x", None, "RuntimeError: z",
+                           unfolded=((right, None), (right, None))).startswith("NPUW runs neither")
 
 
 def test_neither_cell_names_its_measured_cause():
@@ -255,8 +265,10 @@ def test_neither_cell_names_its_measured_cause():
     assert "; cause: NPUW's decoding feeds a `position_ids` input" in cov.npu_cause("bart", cell)
     assert cov.npu_cause("llama", cell) == cell  # not measured for llama: no cause claimed
     assert cov.npu_cause("bart", "parity") == "parity"
-    moe = "NPUW runs neither artifact (optimum-intel's fails the same way): RuntimeError: to_shape was called on a dynamic shape."
-    assert "data-dependent bounds" in cov.npu_cause("granitemoe", moe)
+    moe = ("NPUW runs neither artifact (optimum-intel's fails otherwise: RuntimeError: to_shape was called on a dynamic "
+           "shape.): RuntimeError: Shape inference input shapes {[337912616960],[4]}")
+    assert "NPUW's function folding infers a shape" in cov.npu_cause("granitemoehybrid", moe)
+    assert cov.npu_cause("granitemoe", moe) == moe
 
 
 def test_splice_npu_rerenders_only_the_npu_cells():

@@ -61,7 +61,7 @@ def _counted_export(model: Path, out: Path, **options) -> dict:
 @pytest.mark.parametrize("options", [
     pytest.param({}, marks=pytest.mark.slow, id="default"),  # an fp16 checkpoint loads in fp16 as with fp16
     pytest.param({"weight_format": "fp16"}, id="fp16"),
-    pytest.param({"weight_format": "int8"}, id="int8"),
+    pytest.param({"weight_format": "int8"}, id="int8", marks=pytest.mark.slow),  # the fp16 and static cases stay
     pytest.param({"shape_mode": "static", "max_cache_len": 48, "static_query_len": 4}, id="static"),
 ])
 def test_an_export_loads_the_weights_once_in_optimum_intels_dtype(fp16_model, tmp_path, options):
@@ -144,6 +144,7 @@ def test_the_export_s_own_loading_uses_dtype_not_the_deprecated_torch_dtype(tiny
     assert "torch_dtype" not in ours, ours[-2000:]
 
 
+@pytest.mark.slow  # the opt-in capture beside the conversion (OPTIMUM_SHARED_GRAPH_OVERLAP=on): 29 s
 def test_capture_beside_the_conversion_is_the_same_capture(fp16_model, tmp_path, monkeypatch):
     """The capture in a process of its own, on its own load of the same files, while optimum-intel converts
     (`pipeline/capture_beside.py`): the same calls and logits as the capture in the export's process, and nothing

@@ -74,7 +74,8 @@ def test_part_bytes_stay_under_the_bound_where_a_layer_allows(qwen3):
         assert size <= bound or size <= max(largest_piece)
 
 
-@pytest.mark.parametrize("fraction", [0.3, 0.0])
+# 0.0 (every layer its own part) is the longer run, 50 s on a shared 2-core machine: -m slow
+@pytest.mark.parametrize("fraction", [0.3, pytest.param(0.0, marks=pytest.mark.slow)])
 def test_a_layers_key_and_value_stay_in_one_part(tiny_model, tmp_path, fraction):
     """Gemma 4's later layers read its first layers' keys and values again: a cut between a layer's key and its
     value (the planner did make one) left a part the CPU plugin refused (ParameterMismatch); a layer's states are

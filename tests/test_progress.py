@@ -139,7 +139,7 @@ def _run_on_terminal(*args: str, timeout: int = 600) -> tuple[int, str]:
     return status, b"".join(chunks).decode("utf-8", errors="replace")
 
 
-@pytest.mark.parametrize("quiet", [False, True], ids=["progress", "quiet"])
+@pytest.mark.parametrize("quiet", [False, pytest.param(True, marks=pytest.mark.slow)], ids=["progress", "quiet"])
 def test_cli_on_a_terminal(quiet, tiny_model, tmp_path):
     """On a real (pseudo-)terminal: the stage and step bars, or with `--quiet` no progress bar at all;
     the summary line either way."""

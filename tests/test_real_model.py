@@ -169,7 +169,9 @@ def test_a_left_padded_batch_as_pytorch(consumers, consumer, pytorch):
 # ---------------------------------------------------- validate() through every consumer, default properties
 
 
-@pytest.mark.parametrize("kind", list(KINDS))
+# int8 (its export, 44 s, then five validations) runs with -m slow; fp32 and int4 (which validate() once refused
+# under the defaults) in the default run
+@pytest.mark.parametrize("kind", [pytest.param(k, marks=pytest.mark.slow) if k == "int8" else k for k in KINDS])
 @pytest.mark.parametrize("consumer", ["openvino", "optimum", "runtime", "genai", "continuous-batching"])
 def test_validate_under_default_properties(artifacts, kind, consumer):
     """The device's defaults (whatever this host computes in: bf16 compute and an f16 KV cache on a CPU with bf16

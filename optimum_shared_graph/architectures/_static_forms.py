@@ -33,7 +33,7 @@ def static_forms(pt_model, query_slots: dict) -> Iterator[None]:
     Experts without data-dependent shapes. optimum-intel's GraniteMoE patcher splits the tokens among the experts
     by how many each one got (`inputs[start:start + expert_size[i]]`), shapes only known at run time, so the
     static graph kept dynamic shapes; here every expert runs on every token, weighted by the dense routing gates
-    (zero for the experts a token was not routed to).
+    (zero for the experts a token was not routed to), in the form of `granitemoe.py`'s fix.
     """
     replaced = []
     for module in pt_model.modules():
@@ -96,25 +96,11 @@ def _gpt_neo_attn(query_slots: dict):
 
 
 def _granite_moe_dense(query_slots: dict):
-    """`GraniteMoeMoE.forward` with every expert on every token, weighted by the dense top-k gates."""
+    """`GraniteMoeMoE.forward` with every expert on every token, weighted by the dense top-k gates: the form of the
+    dynamic export's fix (`architectures/granitemoe.py`), for a static trace under transformers it does not apply to."""
+    from .granitemoe import dense_moe_forward
 
-    def forward(self, layer_input):
-        import torch
-
-        batch, length, width = layer_input.shape
-        tokens = layer_input.reshape(-1, width)
-        router = self.router
-        logits = router.layer(tokens).float()
-        top_k_logits, top_k_indices = logits.topk(router.top_k, dim=1)
-        top_k_gates = torch.softmax(top_k_logits, dim=1).type_as(tokens)
-        gates = torch.zeros(tokens.shape[0], router.num_experts, dtype=tokens.dtype).scatter(1, top_k_indices, top_k_gates)
-        hidden = torch.matmul(tokens.unsqueeze(0), self.input_linear.weight.transpose(1, 2))  # [experts, tokens, 2 x inner]
-        gate, up = hidden.chunk(2, dim=-1)
-        out = torch.matmul(self.activation(gate) * up, self.output_linear.weight.transpose(1, 2))  # [experts, tokens, width]
-        out = (out * gates.transpose(0, 1).unsqueeze(-1)).sum(dim=0)
-        return out.view(batch, length, width)
-
-    return forward
+    return dense_moe_forward
 
 
 # module classes (by name) whose optimum-intel form does not fit a static graph: the method replaced, and its maker

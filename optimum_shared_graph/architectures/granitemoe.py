@@ -1,0 +1,86 @@
+"""GraniteMoE (ibm-granite/granite-3.*-a*m) and Granite 4 (granitemoehybrid): the experts in the dense form
+optimum-intel gives the transformers 5 MoE experts, so GenAI's NPU pipeline can run them.
+
+What broke: optimum-intel's `GraniteMoEModelPatcher` (and the MoE part of its `GraniteMoeHybridModelPatcher`)
+keeps transformers' sparse dispatch: the router sorts the tokens by expert and each expert's linear layers take
+the slice `inputs[start:start + expert_size[i]]`, with bounds the router computes at run time. A dynamic graph runs
+that; GenAI's NPU pipeline (NPUW) reshapes the graph to static shapes and fails on it ("to_shape was called on a
+dynamic shape", optimum-intel's artifact and this package's alike: docs/npu-real-width.md).
+
+What the fix does: every expert on every token, weighted by the router's top-k gates scattered densely (zero for
+the experts a token was not routed to): the tokens tiled once per expert and the experts' stacked weights applied as
+batched matmuls, the form of optimum-intel's own transformers 5 experts (`lfm2_moe_experts_forward`, which its
+Qwen3-MoE and LFM2-MoE exports use). OpenVINO's CPU plugin recognises that tiled block and runs only the routed
+experts (it becomes a `GatherMatmul`), so a CPU does not pay for the experts a token skips. The router's arithmetic is
+transformers' own (top-k of the float32 logits, then a softmax over the k), so the graph is validated against
+PyTorch at export like every export. The rest of optimum-intel's patchers (Granite 4's Mamba-2 mixers, the cache)
+is unchanged.
+"""
+
+from __future__ import annotations
+
+import types
+from typing import Self
+
+MODEL_TYPES = ("granitemoe", "granitemoehybrid")
+TRANSFORMERS = ">=5.5"  # written and tested under 5.5 (GraniteMoeMoE / GraniteMoeHybridMoE with router, input_linear, output_linear)
+SUMMARY = ("optimum-intel's GraniteMoE export with every expert on every token, weighted by the dense top-k gates, as "
+           "batched matmuls over the stacked expert weights (optimum-intel's transformers 5 MoE form, which OpenVINO's "
+           "CPU plugin runs on the routed experts only), instead of slices with bounds computed at run time, so GenAI's "
+           "NPU pipeline can make the graph static")
+
+
+def dense_moe_forward(self, layer_input):
+    """`GraniteMoeMoE.forward` (and GraniteMoeHybridMoE's) without the data-dependent dispatch.
+
+    Args: layer_input [batch, seq, hidden].
+    Returns: [batch, seq, hidden], each token's routed experts' outputs summed with their gates.
+    """
+    import torch
+
+    batch, length, width = layer_input.shape
+    tokens = layer_input.reshape(-1, width)
+    num_tokens, num_experts = tokens.shape[0], self.router.num_experts
+    logits = self.router.layer(tokens).float()  # as GraniteMoeTopKGating: top-k of the float32 logits, softmax over k
+    top_k_logits, top_k_indices = logits.topk(self.router.top_k, dim=1)
+    top_k_gates = torch.softmax(top_k_logits, dim=1).type_as(tokens)
+    gates = torch.zeros(num_tokens, num_experts, dtype=tokens.dtype, device=tokens.device)
+    gates = gates.scatter(1, top_k_indices, top_k_gates)  # [tokens, experts]
+    tiled = tokens.repeat(num_experts, 1).view(num_experts, -1, width)  # [experts, tokens, hidden]
+    gate_weight, up_weight = self.input_linear.weight.chunk(2, dim=-2)  # [experts, inner, hidden] each
+    gate = torch.bmm(tiled, gate_weight.transpose(1, 2))
+    up = torch.bmm(tiled, up_weight.transpose(1, 2))
+    out = torch.bmm(self.activation(gate) * up, self.output_linear.weight.transpose(1, 2))
+    out = out.view(num_experts, num_tokens, width)  # a Reshape here, as in optimum-intel's form: OpenVINO's pattern has it
+    out = out * gates.transpose(0, 1).view(num_experts, num_tokens)[..., None]
+    return out.sum(dim=0).view(batch, length, width)
+
+
+def _moe_blocks(model) -> list:
+    """The model's GraniteMoE blocks (`block_sparse_moe` of each decoder layer that has one)."""
+    layers = model.model.layers
+    return [layer.block_sparse_moe for layer in layers if getattr(layer, "block_sparse_moe", None) is not None]
+
+
+def export_config(base: type) -> type:
+    """optimum-intel's GraniteMoE / Granite 4 export config `base`, its patcher's experts in the dense form."""
+    patcher_base = base._MODEL_PATCHER
+
+    class DenseExpertsPatcher(patcher_base):
+        """optimum-intel's patcher for the type, then each MoE block's forward in the dense form."""
+
+        def __enter__(self) -> Self:
+            super().__enter__()
+            for block in _moe_blocks(self._model):
+                block.forward = types.MethodType(dense_moe_forward, block)
+            return self
+
+        def __exit__(self, exc_type, exc_value, traceback) -> None:
+            for block in _moe_blocks(self._model):
+                block.__dict__.pop("forward", None)  # back to the class's forward
+            super().__exit__(exc_type, exc_value, traceback)
+
+    return type(base.__name__, (base,), {
+        "__doc__": f"{base.__name__} with its MoE experts in the dense form (optimum_shared_graph.architectures.granitemoe).",
+        "_MODEL_PATCHER": DenseExpertsPatcher,
+    })

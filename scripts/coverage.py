@@ -939,7 +939,8 @@ def vlm_section_of(page: str) -> list[str]:
 
 # Why NPUW runs neither artifact, measured (graph edits on the exported IR, NPUW's options, its source): per model types
 # and a piece of the error, the cause a "neither" cell names. graph/npuw_forms.py and architectures/mpt.py remove the
-# causes a graph form avoids (architectures/gpt_neo.py its local window); these are the ones left.
+# causes a graph form avoids (architectures/gpt_neo.py its local window, architectures/starcoder2.py its sliding
+# window); these are the ones left.
 _SEQ2SEQ = ("bart", "bigbird_pegasus", "blenderbot", "blenderbot-small", "marian", "mbart", "pegasus")
 NPUW_CAUSES = [
     (_SEQ2SEQ, "unordered_map::at",
@@ -949,12 +950,6 @@ NPUW_CAUSES = [
      "and positions counted along the mask (what NPUW needs: its static prefill left-pads the prompt) are not "
      "PyTorch's for a left-padded row, which this decoder counts from its first pad (`arange(past, past + seq)`): "
      "no one graph has both"),
-    (("starcoder2",), "Argument shapes are inconsistent",
-     "NPUW's sliding-window mask rewrite (`SlidingWindowMask`) binds the past length it slices the padding mask with to "
-     "the prompt's length on this graph (an empty `attention_mask[past:past + new]` at the `BitwiseAnd` it adds), for "
-     "optimum-intel's artifact too; the window counted along the mask instead runs through NPUW with greedy parity "
-     "(measured at starcoder2-3b's widths) but loses the window in GenAI's default PagedAttention backend, which "
-     "recognises only transformers' own form, so it is not exported"),
     (("granitemoehybrid",), "Shape inference input shapes",
      "with its experts dense (`architectures/granitemoe.py`; optimum-intel's own experts slice each expert's tokens by "
      "counts the router computes at run time, shapes NPUW cannot make static: `to_shape was called on a dynamic shape`), "

@@ -27,8 +27,8 @@ from optimum_shared_graph.testing import NPU_ON_CPU
 
 # The model types this package repairs under transformers 5.5 (optimum-intel's own configs fail there).
 REPAIRED = ["bigbird_pegasus", "blenderbot", "dbrx", "deepseek_v2", "deepseek_v3", "falcon_mamba", "gemma4_text",
-            "gpt_neo", "granitemoe", "granitemoehybrid", "lfm2", "lfm2_moe", "mamba", "marian", "mbart", "mpt", "pegasus", "qwen3_5_moe_text", "qwen3_5_text",
-            "qwen3_next", "zamba2"]
+            "gpt_neo", "granitemoe", "granitemoehybrid", "lfm2", "lfm2_moe", "mamba", "marian", "mbart", "mpt", "pegasus",
+            "qwen3_5_moe_text", "qwen3_5_text", "qwen3_next", "starcoder2", "zamba2"]
 
 # The decoder-only (`*ForCausalLM`) form of the sequence-to-sequence families optimum-intel registers for
 # text-generation-with-past. optimum-intel's own configs export them under transformers 5.5: the coverage sweep
@@ -50,7 +50,8 @@ SEQ2SEQ_WITHOUT_FIX = ["bart", "blenderbot-small"]
 GENAI_SDPA_ONLY = {"blenderbot-small", "mpt"}
 
 # With a pure KV cache, so a static export too; the others carry convolution / SSM / linear-attention state.
-KV_CACHE_ONLY = {"dbrx", "deepseek_v2", "deepseek_v3", "gemma4_text", "gpt_neo", "granitemoe", "mpt", *SEQ2SEQ_DECODERS}
+KV_CACHE_ONLY = {"dbrx", "deepseek_v2", "deepseek_v3", "gemma4_text", "gpt_neo", "granitemoe", "mpt", "starcoder2",
+                 *SEQ2SEQ_DECODERS}
 
 # optimum-intel's OVModelForCausalLM feeds these mamba-style graphs only the new tokens' attention mask after the
 # prompt (runtimes/session.py), so a left-padded row's attention layers cannot tell its padding from its past:

@@ -253,7 +253,7 @@ def test_export_runs_through_npuw(model_type, edit, tiny_model, tmp_path):
         assert why is None, f"{prompt}: {why}"
 
 
-# architectures/_counted_window.py: a sliding window counted along the mask (starcoder2, gpt_neo's local layers)
+# architectures/_counted_window.py: a sliding window counted along the mask (gpt_neo's local layers)
 def _slot_window(queries: int, keys: int, window: int, pads: int = 0) -> np.ndarray:
     """transformers' slot-index sliding window, causal and padding: True where a query may attend a key."""
     q = np.arange(keys - queries, keys)[:, None]

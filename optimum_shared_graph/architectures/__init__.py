@@ -13,7 +13,10 @@ A fix module defines:
 - `TRANSFORMERS`: the transformers versions it is written for (a version specifier), outside which
   optimum-intel's own config is used unchanged;
 - `SUMMARY`: one line, what it changes (recorded in the manifest);
-- `export_config(base)`: a subclass of optimum-intel's export config class `base`.
+- `export_config(base)`: a subclass of optimum-intel's export config class `base` (or `base` itself, for a
+  module whose change is to the converted graph alone);
+- optionally `edit_graph(ov_model)`: an edit of the converted graph, applied before optimum-intel saves it
+  (`edit_graph(model_type, ov_model)`, from the export's `before_save`), returning how many places it changed.
 
 A module that also repairs the `image-text-to-text` export of the whole vision-language model (for
 `--task image-text-to-text-shared`, `pipeline/vlm.py`) defines `VLM_MODEL_TYPES`, `VLM_SUMMARY` and
@@ -80,6 +83,14 @@ def fix_module(model_type: str, transformers_version: str | None = None):
         if model_type in module.MODEL_TYPES and version in SpecifierSet(module.TRANSFORMERS):
             return module
     return None
+
+
+def edit_graph(model_type: str, ov_model) -> int:
+    """The converted graph of `model_type` edited in place by its fix module's `edit_graph` (under the installed
+    transformers), if it has one; how many places it changed (0: no such edit)."""
+    module = fix_module(model_type)
+    edit = getattr(module, "edit_graph", None)
+    return edit(ov_model) if edit is not None else 0
 
 
 def fixed_model_types() -> set[str]:

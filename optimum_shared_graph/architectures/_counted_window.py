@@ -16,10 +16,11 @@ of its own and then asserts ("conflicting attention mask detection for the same 
 it also finds feeding the same attention.
 
 Not for a model whose window OpenVINO's PagedAttention rewrite (GenAI's default backend) reads from transformers'
-own mask: that rewrite recognises the slot-index form only, and with this one it drops the window (measured on a
-tiny Starcoder2 with a window of 4: every prompt's greedy tokens differ through the default backend, where
-optimum-intel's artifact and this one through `ATTENTION_BACKEND=SDPA` have parity). GPT-Neo's window the rewrite
-drops in optimum-intel's artifact as well.
+own mask: that rewrite recognises transformers' chain only (`Greater(kv, Add(q, offset))` in its `BitwiseAnd`s), and
+with this form it drops the window (measured on a tiny Starcoder2 with a window of 4: every prompt's greedy tokens
+differ through the default backend, where optimum-intel's artifact and this one through `ATTENTION_BACKEND=SDPA` have
+parity). For such a model `graph/sliding_window.py` counts the positions inside transformers' chain instead
+(Starcoder2). GPT-Neo's window the rewrite drops in optimum-intel's artifact as well.
 """
 
 from __future__ import annotations

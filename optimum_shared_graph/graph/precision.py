@@ -26,7 +26,9 @@ and which one that is depends on details of the graph outside the mask: with the
 as one float32 constant, or as one fp16 constant (optimum-intel's artifact) it runs, with PyTorch's tokens
 (`tests/test_precision.py::test_fp16_cohere2_runs_through_npuw`). Writing the key range's end as `new + past`
 instead made tiny cohere2, gemma2 and starcoder2 compile but gave gemma4_text wrong tokens through NPUW, so it is
-not done; gemma2 (6 layers) and starcoder2 still fail there, optimum-intel's starcoder2 artifact too.
+not done; gemma2 (6 layers) still fails there. Starcoder2 (tiny with 6 layers, and at starcoder2-3b's widths) failed
+the same way, optimum-intel's artifact too: there it is the rewrite's padding column under NPUW's folding, and
+`architectures/starcoder2.py` writes the window so that the rewrite does not apply (`graph/sliding_window.py`).
 """
 
 from __future__ import annotations

@@ -124,12 +124,14 @@ def hand_over_to_optimum_intel(plan: Plan, export: "_Export", raw_export: RawExp
         return stack
 
     source, exported_type = plan.model, plan.config.model_type
+    export.exported_type = exported_type
     if language is not None:  # transformers loads the language model alone from the checkpoint's files
         source = str(multimodal.text_view(plan.model, language, export.staging / "text"))
     if export.reason is None and plan.config.model_type not in supported_model_types():
         # a remote-code wrapper of a type optimum-intel does not export: loaded here, once, to find the
         # inner causal LM its generate() drives, which is saved and exported instead (the wrapper freed)
         source, exported_type = export.decompose_wrapper(load.load_model(plan.model, plan.config, opts))
+        export.exported_type = exported_type
     task = BASE_TASK if export.reason is None else fallback.fallback_task(plan.config)
     validating = not opts.skip_validation and export.reason is None
     progress.step("load (optimum-intel)")
@@ -139,6 +141,7 @@ def hand_over_to_optimum_intel(plan: Plan, export: "_Export", raw_export: RawExp
                                       static=plan.static_plan)
     except convert.InnerModelExport as inner:  # generate() drives an inner causal LM: export that one
         export.inner = True
+        export.exported_type = export.capture.exported.config.model_type
         shutil.rmtree(raw, ignore_errors=True)  # what a conversion beside the capture wrote
         lifted, fix = convert.convert(raw_export, str(inner.directory), raw, task=BASE_TASK,
                                       exported_type=export.capture.exported.config.model_type,
@@ -204,6 +207,7 @@ class _Export:
         self.plan = plan  # read, never changed
         self.capture, self.reason, self.inner, self.staging = None, None, False, None
         self.beside = None  # the capture's own process (`capture_beside.CaptureBeside`), while it runs
+        self.exported_type = plan.config.model_type  # the model type optimum-intel converts (set by hand_over)
 
     def on_load(self, args: tuple, kwargs: dict) -> None:
         """optimum-intel starts loading the model: start the capture beside its conversion, on a load of its own
@@ -232,8 +236,10 @@ class _Export:
         """The graph edits applied to the graph optimum-intel is about to save, so it writes the final graph
         (stage 6 then adds only the manifest to its XML): past lengths read from the key states and the forms
         of a tied head's reads GenAI's NPU pipeline partitions (`graph/kv_shapes.py`, `graph/npuw_forms.py`),
-        and the logits slice. Not for a fallback, a static export (its own graph), or a data-aware
-        quantization (which calibrates on optimum-intel's graph as it is)."""
+        an architecture fix's own edit (`architectures.edit_graph`), and the logits slice. Not for a fallback,
+        a static export (its own graph), or a data-aware quantization (which calibrates on optimum-intel's graph
+        as it is)."""
+        from ..architectures import edit_graph
         from ..graph.kv_shapes import read_lengths_from_keys
         from ..graph.logits import slice_logits
         from ..graph.npuw_forms import npuw_forms
@@ -242,6 +248,7 @@ class _Export:
             return
         read_lengths_from_keys(ov_model)
         npuw_forms(ov_model)
+        edit_graph(self.exported_type, ov_model)
         if self.plan.opts.logits == "last" and "logits" in {name for port in ov_model.outputs for name in port.get_names()}:
             slice_logits(ov_model)
 

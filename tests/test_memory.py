@@ -86,7 +86,8 @@ def test_captured_tokens_follow_the_memory(tiny_model, monkeypatch, room, given,
     assert size == sum(p.stat().st_size for p in model.glob("*.safetensors"))
     monkeypatch.setenv(memory.MEMORY_ENV, str(int(memory.RESERVE + room * size)))
     config = AutoConfig.from_pretrained(model)
-    opts = memory.plan_validation(str(model), config, ExportOptions(validation_new_tokens=given), "fp32")
+    opts = memory.plan_validation(str(model), config, ExportOptions(validation_new_tokens=given), "fp32",
+                                 memory.available_memory())
     assert opts.validation_new_tokens == chosen
 
 
@@ -97,10 +98,12 @@ def test_skip_validation_needs_no_memory_check(tiny_model, monkeypatch):
 
     model = tiny_model("llama")
     monkeypatch.setenv(memory.MEMORY_ENV, "1")
-    opts = memory.plan_validation(str(model), AutoConfig.from_pretrained(model), ExportOptions(skip_validation=True), None)
+    opts = memory.plan_validation(str(model), AutoConfig.from_pretrained(model), ExportOptions(skip_validation=True), None,
+                                 memory.available_memory())
     assert opts.validation_new_tokens == memory.MIN_TOKENS
     monkeypatch.delenv(memory.MEMORY_ENV)
-    opts = memory.plan_validation(str(model), AutoConfig.from_pretrained(model), ExportOptions(skip_validation=True), None)
+    opts = memory.plan_validation(str(model), AutoConfig.from_pretrained(model), ExportOptions(skip_validation=True), None,
+                                 memory.available_memory())
     assert opts.validation_new_tokens == memory.MAX_TOKENS  # a tiny model in plenty of memory
 
 

@@ -186,13 +186,12 @@ def checkpoint_bytes(model: str) -> int | None:
     return sum(p.stat().st_size for p in files) or None
 
 
-def plan_validation(model: str, config, opts, weight_format: str | None):
-    """Stage 1's memory facts, decided once: stop now if validation cannot fit (`check_fits`), and choose how
-    many greedy tokens are captured when the options leave it open. Returns the options with
-    `validation_new_tokens` set."""
+def plan_validation(model: str, config, opts, weight_format: str | None, memory: Memory):
+    """Stage 1's memory facts, decided once from `memory` (the plan's one `available_memory()` reading): stop now
+    if validation cannot fit (`check_fits`), and choose how many greedy tokens are captured when the options leave
+    it open. Returns the options with `validation_new_tokens` set."""
     import dataclasses
 
-    memory = available_memory()
     if not opts.skip_validation:  # an unchecked export still captures generate() (to decompose it), never compiles
         check_fits(config, weight_format, memory)
     if opts.validation_new_tokens is not None:

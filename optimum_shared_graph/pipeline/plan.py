@@ -62,12 +62,13 @@ def make_plan(model: str, output_dir, opts: ExportOptions, *, quantization: dict
         static_plan = plan_static_quantization(
             static, opts, calibrating=opts.quantization_config is not None or is_data_aware(cli_config))
     weight_format = (quantization or {}).get("weight_format") or opts.weight_format
-    opts = memory.plan_validation(model, config, opts, weight_format)  # fits? how many calls? before any work
+    available = memory.available_memory()  # read once: what validation and the side-by-side runs are planned on
+    opts = memory.plan_validation(model, config, opts, weight_format, available)  # fits? how many calls? before any work
     reason = fallback.vision_language_reason(config) if fallback.is_vision_language(config) else None
     calibrating = _calibrating(opts, static_plan, quantization, quantization_config)
     # side by side where memory and cores allow; the static trace and the calibration need the capture on
     # optimum-intel's own model, in this process, and a calibrated graph is saved again (nothing to digest early)
-    overlap = memory.overlap(model, memory.available_memory())
+    overlap = memory.overlap(model, available)
     beside = overlap.capture and static is None and not calibrating and language is None and reason is None
     return Plan(model=model, output=output, config=config, opts=opts, language=language, static=static,
                 static_plan=static_plan, weight_format=weight_format, calibrating=calibrating, fallback_reason=reason,

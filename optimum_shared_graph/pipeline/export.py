@@ -282,16 +282,13 @@ class _Export:
         if self.beside is not None:
             return self._convert_beside_capture(pt_model, convert_model)
         progress.stage("decomposing generate()")
-        progress.step("capture")
-        self.capture, reason = decompose_model(pt_model, self.plan.model, self.plan.opts, self.plan.config)
+        reason, inner = self._capture_here(pt_model)
         if reason is not None:
             self.fallback(reason)
             return convert_model()
-        if self.capture.module is not None:  # generate() drives an inner causal LM: export that model instead
-            directory = save_exported_model(self.capture, self.plan.model, self.staging / "inner",
-                                            trust_remote_code=self.plan.opts.trust_remote_code)
+        if inner is not None:  # generate() drives an inner causal LM: export that model instead
             release_pytorch(self.capture)
-            raise convert.InnerModelExport(directory)
+            raise convert.InnerModelExport(inner)
         progress.stage("converting (optimum-intel)")
         progress.step("conversion (optimum-intel)")
         if self.plan.static is None:
@@ -310,6 +307,17 @@ class _Export:
         return result
 
 
+    def _capture_here(self, pt_model) -> tuple[str | None, Path | None]:
+        """Stage 2 in this process, on the model optimum-intel loaded: `self.capture`, and the fallback reason (None
+        where the model decomposes) and, where generate() drives an inner causal LM, the directory that model was
+        saved to for its own export (else None)."""
+        progress.step("capture")
+        self.capture, reason = decompose_model(pt_model, self.plan.model, self.plan.opts, self.plan.config)
+        if reason is not None or self.capture.module is None:
+            return reason, None
+        return reason, Path(save_exported_model(self.capture, self.plan.model, self.staging / "inner",
+                                                trust_remote_code=self.plan.opts.trust_remote_code))
+
     def _convert_beside_capture(self, pt_model, convert_model):
         """Stage 3 while the capture (2) runs in its own process: optimum-intel's conversion, then the capture's
         answer. A fallback or an inner model it finds converts again (`ConvertAgain`, `InnerModelExport`); where the
@@ -324,12 +332,7 @@ class _Export:
         finally:
             beside.close()
         if answer is None:  # the child failed: the capture here, as without it
-            progress.step("capture")
-            self.capture, reason = decompose_model(pt_model, self.plan.model, self.plan.opts, self.plan.config)
-            inner = None
-            if reason is None and self.capture.module is not None:
-                inner = save_exported_model(self.capture, self.plan.model, self.staging / "inner",
-                                            trust_remote_code=self.plan.opts.trust_remote_code)
+            reason, inner = self._capture_here(pt_model)
         else:
             self.capture, reason, inner = answer
         if reason is not None:

@@ -271,25 +271,27 @@ def _npu_attempt(artifact: Path, refs: list, **extra):
             return None, re.sub(r"_\d+", "_N", _ov_reason(err))
 
 
+def _npu_problem(refs: list, tokens, error: str | None) -> str | None:
+    """An NPU attempt's problem: its error, else the first greedy difference from PyTorch's `refs`, else None."""
+    return error or next(iter(_differences("NPUW", refs, tokens)), None)
+
+
 def npu_verdict(refs: list, ours, our_error: str | None, theirs=None, their_error: str | None = None, *,
                 theirs_exported: bool = True, their_export_error: str = "", unfolded=None) -> str:
     """The NPU pipeline's cell: the shared artifact's greedy tokens (`ours`, or `our_error`) against PyTorch's,
     judged against optimum-intel's own artifact of the same model (`theirs` / `their_error`; NPUW computes in
     f16: a difference both artifacts share is NPUW's). `unfolded`: where both failed, the (tokens, error) of each
     artifact run again with `UNFOLDED`, as `((ours, our_error), (theirs, their_error))`."""
-    def problem_of(tokens, error):
-        return error or next(iter(_differences("NPUW", refs, tokens)), None)
-
     if our_error and their_error and unfolded is not None:
         (ours_u, our_error_u), (theirs_u, their_error_u) = unfolded
         if our_error_u is None and their_error_u is not None:
-            return (f"{RUNS_UNFOLDED} ({their_error_u}): {problem_of(ours_u, None) or 'parity'}; with NPUW's default "
+            return (f"{RUNS_UNFOLDED} ({their_error_u}): {_npu_problem(refs, ours_u, None) or 'parity'}; with NPUW's default "
                     f"folding: {our_error}")
-    problem = problem_of(ours, our_error)
+    problem = _npu_problem(refs, ours, our_error)
     if not theirs_exported:
         detail = f" ({their_export_error})" if their_export_error else ""
         return "parity" if problem is None else f"{NO_COMPARISON}{detail}: {problem}"
-    their_problem = problem_of(theirs, their_error)
+    their_problem = _npu_problem(refs, theirs, their_error)
     if problem is None:
         return "parity" if their_problem is None else f"parity (optimum-intel's artifact: {their_problem})"
     if our_error:
@@ -439,13 +441,13 @@ def run_npu_one(model_type: str, workdir: Path, layers: int | None = None) -> di
         lap("npu_with_past", t0)
         theirs_unfolded = _npu_attempt(theirs_dir, refs, **UNFOLDED) if their_error and ours_unfolded else None
         shutil.rmtree(theirs_dir, ignore_errors=True)
-    result["npu_shared"] = our_error or next(iter(_differences("NPUW", refs, ours)), None) or "parity"
-    result["npu_with_past"] = (their_error or next(iter(_differences("NPUW", refs, theirs)), None) or "parity"
+    result["npu_shared"] = _npu_problem(refs, ours, our_error) or "parity"
+    result["npu_with_past"] = (_npu_problem(refs, theirs, their_error) or "parity"
                                ) if code == 0 else f"export failed: {_error_line(stderr)}"
     unfolded = (ours_unfolded, theirs_unfolded) if ours_unfolded and theirs_unfolded else None
     if unfolded:
-        result["npu_unfolded"] = {"shared": ours_unfolded[1] or next(iter(_differences("NPUW", refs, ours_unfolded[0])), None)
-                                  or "parity", "with_past": theirs_unfolded[1] or "ran"}
+        result["npu_unfolded"] = {"shared": _npu_problem(refs, *ours_unfolded) or "parity",
+                                  "with_past": _npu_problem(refs, *theirs_unfolded) or "parity"}
     result["npu"] = npu_verdict(refs, ours, our_error, theirs, their_error, theirs_exported=code == 0, unfolded=unfolded)
     seconds["total"] = round(time.monotonic() - started, 1)
     return result

@@ -124,14 +124,13 @@ def hand_over_to_optimum_intel(plan: Plan, export: "_Export", raw_export: RawExp
         return stack
 
     source, exported_type = plan.model, plan.config.model_type
-    export.exported_type = exported_type
     if language is not None:  # transformers loads the language model alone from the checkpoint's files
         source = str(multimodal.text_view(plan.model, language, export.staging / "text"))
     if export.reason is None and plan.config.model_type not in supported_model_types():
         # a remote-code wrapper of a type optimum-intel does not export: loaded here, once, to find the
         # inner causal LM its generate() drives, which is saved and exported instead (the wrapper freed)
         source, exported_type = export.decompose_wrapper(load.load_model(plan.model, plan.config, opts))
-        export.exported_type = exported_type
+    export.exported_type = exported_type  # whose architecture fix edits the converted graph (`before_save`)
     task = BASE_TASK if export.reason is None else fallback.fallback_task(plan.config)
     validating = not opts.skip_validation and export.reason is None
     progress.step("load (optimum-intel)")
@@ -144,7 +143,7 @@ def hand_over_to_optimum_intel(plan: Plan, export: "_Export", raw_export: RawExp
         export.exported_type = export.capture.exported.config.model_type
         shutil.rmtree(raw, ignore_errors=True)  # what a conversion beside the capture wrote
         lifted, fix = convert.convert(raw_export, str(inner.directory), raw, task=BASE_TASK,
-                                      exported_type=export.capture.exported.config.model_type,
+                                      exported_type=export.exported_type,
                                       validating=validating, fallback_reason=None, hooks=hooks(),
                                       static=plan.static_plan)
     except convert.ConvertAgain as again:  # the capture beside the conversion found a fallback: convert as one
@@ -305,7 +304,6 @@ class _Export:
                                           plan=self.plan.static_plan, weight_format=self.plan.weight_format)
         release_pytorch(self.capture)
         return result
-
 
     def _capture_here(self, pt_model) -> tuple[str | None, Path | None]:
         """Stage 2 in this process, on the model optimum-intel loaded: `self.capture`, and the fallback reason (None

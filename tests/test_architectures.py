@@ -27,8 +27,9 @@ from optimum_shared_graph.testing import NPU_ON_CPU
 
 # The model types this package repairs under transformers 5.5 (optimum-intel's own configs fail there).
 REPAIRED = ["bigbird_pegasus", "blenderbot", "dbrx", "deepseek_v2", "deepseek_v3", "falcon_mamba", "gemma4_text",
-            "gpt_neo", "granitemoe", "granitemoehybrid", "lfm2", "lfm2_moe", "mamba", "marian", "mbart", "mpt", "pegasus",
-            "qwen3_5_moe_text", "qwen3_5_text", "qwen3_next", "starcoder2", "zamba2"]
+            "gpt_neo", "granitemoe", "granitemoehybrid", "lfm2", "lfm2_moe", "mamba", "marian", "mbart", "mixtral", "mpt",
+            "pegasus", "phimoe", "qwen2_moe", "qwen3_5_moe_text", "qwen3_5_text", "qwen3_moe", "qwen3_next",
+            "starcoder2", "zamba2"]
 
 # The decoder-only (`*ForCausalLM`) form of the sequence-to-sequence families optimum-intel registers for
 # text-generation-with-past. optimum-intel's own configs export them under transformers 5.5: the coverage sweep
@@ -201,6 +202,53 @@ def test_granitemoe_dense_experts_run_only_the_routed_ones_on_a_cpu(tiny_model, 
     manifest = osg.export(str(model), tmp_path / "ov", quiet=True)
     assert manifest.validation["status"] == "passed" and manifest.validation["greedy_match"]
     assert [f["fix"] for f in manifest.model["fixes"]] == ["optimum_shared_graph.architectures.granitemoe"]
+    compiled = ov.Core().compile_model(tmp_path / "ov" / "openvino_model.xml", "CPU")
+    kinds = [op.get_rt_info()["layerType"].astype(str) for op in compiled.get_runtime_model().get_ops()]
+    layers = json.loads((model / "config.json").read_text())["num_hidden_layers"]
+    assert kinds.count("GatherMatmul") == 3 * layers, sorted(set(kinds))
+
+
+def _file_mapped(tensor, path) -> bool:
+    """Whether `tensor`'s memory lies in a mapping of the file `path` (/proc/self/maps)."""
+    address = tensor.data_ptr()
+    for line in open("/proc/self/maps"):
+        fields = line.split()
+        if len(fields) >= 6 and fields[5] == str(path):
+            start, end = (int(x, 16) for x in fields[0].split("-"))
+            if start <= address < end:
+                return True
+    return False
+
+
+@pytest.mark.timeout(600)
+def test_moe_experts_load_memory_mapped_and_run_only_the_routed_ones_on_a_cpu(tiny_model, tmp_path):
+    """architectures/moe_experts.py: while the export loads a Qwen3-MoE checkpoint, each expert's projections are the
+    checkpoint's own tensors, memory-mapped from its safetensors file (transformers 5 alone fuses them into new
+    memory); the export is validated with greedy parity, and its graph is one OpenVINO's CPU plugin turns into
+    `GatherMatmul`s over the routed experts (three per MoE layer)."""
+    import openvino as ov
+    from transformers import AutoModelForCausalLM
+
+    from optimum_shared_graph.architectures import moe_experts
+
+    if architectures.fix_module("qwen3_moe") is None:
+        pytest.skip("the installed transformers is outside architectures/moe_experts.py's range")
+    model = tiny_model("qwen3_moe")
+    with moe_experts.while_exporting("qwen3_moe", tmp_path / "scratch"):
+        loaded = AutoModelForCausalLM.from_pretrained(model, dtype="auto")
+    experts = loaded.model.layers[0].mlp.experts
+    assert isinstance(experts, moe_experts.StoredExperts)
+    weights = [getattr(expert, name).weight for expert in experts for name in experts.names]
+    assert all(_file_mapped(w, (model / "model.safetensors").resolve()) for w in weights)
+    fused = AutoModelForCausalLM.from_pretrained(model, dtype="auto")  # outside: transformers' own fused experts
+    assert not isinstance(fused.model.layers[0].mlp.experts, moe_experts.StoredExperts)
+    assert not _file_mapped(fused.model.layers[0].mlp.experts.gate_up_proj, (model / "model.safetensors").resolve())
+    del loaded, fused, experts, weights
+
+    manifest = osg.export(str(model), tmp_path / "ov", quiet=True)
+    assert manifest.validation["status"] == "passed" and manifest.validation["greedy_match"]
+    assert [f["fix"] for f in manifest.model["fixes"]] == ["optimum_shared_graph.architectures.moe_experts"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ov"]  # the stacked copies' files unlinked, no staging left
     compiled = ov.Core().compile_model(tmp_path / "ov" / "openvino_model.xml", "CPU")
     kinds = [op.get_rt_info()["layerType"].astype(str) for op in compiled.get_runtime_model().get_ops()]
     layers = json.loads((model / "config.json").read_text())["num_hidden_layers"]

@@ -103,11 +103,13 @@ _entries = openvino_entries
 
 
 @contextlib.contextmanager
-def fix_applied(model_type: str) -> Iterator[Fix | None]:
+def fix_applied(model_type: str, scratch=None) -> Iterator[Fix | None]:
     """While active, optimum-intel exports `model_type` with its fix; yield the `Fix` (None: no fix applies).
 
     The fixed config class replaces optimum-intel's in its `TasksManager` for the text-generation
-    tasks only, and the original entries are restored on exit, whatever happens inside.
+    tasks only, and the original entries are restored on exit, whatever happens inside. A fix module's
+    `while_exporting(model_type, scratch)`, where it has one, is active too (the model's load included): `scratch`
+    is a directory of the export's own for files the fix needs while it converts.
     """
     module = fix_module(model_type)
     if module is None:
@@ -117,4 +119,6 @@ def fix_applied(model_type: str) -> Iterator[Fix | None]:
         if not originals:
             yield None
             return
-        yield Fix(f"{__name__}.{module.__name__.rsplit('.', 1)[-1]}", model_type, module.SUMMARY, module.TRANSFORMERS)
+        during = getattr(module, "while_exporting", None)
+        with during(model_type, scratch) if during is not None else contextlib.nullcontext():
+            yield Fix(f"{__name__}.{module.__name__.rsplit('.', 1)[-1]}", model_type, module.SUMMARY, module.TRANSFORMERS)

@@ -25,7 +25,7 @@ from .exporter import (
     dynamic_graph_skipped, graphs_before_save, main_export_wrapped, main_quantize_wrapped, models_handed_over,
     transformers_cap_lifted,
 )
-from .loading import unexpected_keys_ignored
+from .loading import experts_loaded_as_stored, unexpected_keys_ignored
 from .tasks_manager import (
     export_configs_replaced, model_loads_wrapped, openvino_entries, task_registered,
 )
@@ -115,6 +115,10 @@ PATCHES: tuple[Patch, ...] = (
           "a multimodal checkpoint's left-out weights not listed as unexpected when its language model loads",
           "pipeline/multimodal.left_out_unreported (stage 3)",
           reached_by=("transformers.modeling_utils:PreTrainedModel._adjust_missing_and_unexpected_keys",)),
+    Patch("experts_loaded_as_stored", "transformers.conversion_mapping:get_checkpoint_conversion_mapping",
+          "a mixture of experts' per-expert tensors loaded as stored (memory-mapped), not merged into new fused ones",
+          "architectures/moe_experts.while_exporting (stage 3's load)", parameters=("model_type",),
+          reached_by=("transformers.conversion_mapping:extract_weight_conversions_for_model",)),
     # the static trace
     Patch("mask_functions_wrapped", "transformers.masking_utils:ALL_MASK_ATTENTION_FUNCTIONS.register",
           "the sdpa and eager masks with an integer query length", "pipeline/static.export_static_graph (stage 4)",
@@ -153,7 +157,7 @@ PATCHES: tuple[Patch, ...] = (
 
 __all__ = [
     "PATCHES", "Patch", "attention_functions_wrapped", "cache_passed_through", "config_enums_serialized",
-    "dynamic_graph_skipped",
+    "dynamic_graph_skipped", "experts_loaded_as_stored",
     "export_command_extended", "export_configs_replaced", "graphs_before_save", "main_export_wrapped",
     "main_quantize_wrapped", "mask_functions_wrapped", "model_loads_wrapped", "models_handed_over",
     "openvino_entries", "qwen3_5_generate_fixed", "task_registered", "transformers_cap_lifted",

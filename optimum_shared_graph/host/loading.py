@@ -16,3 +16,35 @@ def unexpected_keys_ignored(model_class: type, patterns: list[str]) -> Iterator[
     current = list(getattr(model_class, "_keys_to_ignore_on_load_unexpected", None) or [])
     with replaced(model_class, "_keys_to_ignore_on_load_unexpected", current + list(patterns)):
         yield
+
+
+# the weight conversions transformers 5 applies to a mixture of experts' checkpoint (`conversion_mapping.py`): the
+# per-expert tensors merged into new fused ones (`experts.gate_up_proj`, `experts.down_proj`) as the model loads
+_FUSED_EXPERTS = ("experts.gate_up_proj", "experts.down_proj")
+
+
+@contextlib.contextmanager
+def experts_loaded_as_stored(modeling: str, class_name: str, replacement: type) -> Iterator[None]:
+    """While active, transformers builds the experts of the model module `modeling` (a module path) as
+    `replacement` instead of its class `class_name`, and loads the checkpoint's per-expert tensors into it as they
+    are stored: the weight conversions that would merge them into fused tensors (new memory the size of every
+    expert) are left out of the conversion mapping, so each expert's weights stay memory-mapped from the
+    safetensors file. Both are back as they were on exit."""
+    import importlib
+
+    import transformers.conversion_mapping as mapping
+
+    module = importlib.import_module(modeling)
+    original = mapping.get_checkpoint_conversion_mapping
+
+    def without_fusion(model_type):
+        conversions = original(model_type)
+        if conversions is None:
+            return None
+        return [c for c in conversions
+                if not any(target.endswith(fused) for fused in _FUSED_EXPERTS
+                           for target in getattr(c, "target_patterns", ()) or ())]
+
+    with replaced(module, class_name, replacement), \
+            replaced(mapping, "get_checkpoint_conversion_mapping", without_fusion):
+        yield

@@ -206,7 +206,7 @@ def convert(raw_export, source: str, raw: Path, *, task: str, exported_type: str
         if task == BASE_TASK:
             # past optimum-intel's transformers cap only when validation will guard the graph
             # (a fallback is not validated: no captured calls to check it against)
-            with fix_applied(exported_type) as fix, lifted_cap(
+            with fix_applied(exported_type, scratch=raw.parent) as fix, lifted_cap(
                     exported_type, BASE_TASK, validating=validating, fallback_reason=fallback_reason) as lifted:
                 with hooks, no_dynamic_graph(static):
                     raw_export(source, raw)

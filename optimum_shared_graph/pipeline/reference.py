@@ -104,7 +104,10 @@ def _swap_in(mod, recurse, report, name, skip=(), pool=None, key=""):
     so they share buffers; a module held for the whole forward passes its own name)."""
     saved, nbytes = [], 0
     pool = {} if pool is None else pool
+    own_fp32 = [path for path, m in mod.named_modules() if getattr(m, "computes_fp32_itself", False)] if recurse else []
     for path, owner in (mod.named_modules() if recurse else [("", mod)]):
+        if any(path == p or path.startswith(p + ".") for p in own_fp32):
+            continue  # upcasts its own weights as it computes (a mixture of experts' stored experts)
         for n, p in list(owner._parameters.items()):
             if p is not None and p.dtype in LOW and (owner, n) not in skip:
                 w = _pooled(pool, (key, path, n), p.detach())

@@ -1,0 +1,207 @@
+"""Mixture-of-experts checkpoints exported with their experts as the checkpoint stores them: memory-mapped, never
+fused into new tensors.
+
+What it costs without this: transformers 5 merges a checkpoint's per-expert tensors
+(`mlp.experts.{e}.gate_proj.weight`, ...) into fused `gate_up_proj` / `down_proj` tensors as the model loads (its
+`conversion_mapping.py`): new memory the size of every expert, which are 95% of a Qwen3-30B-A3B. The capture's float32
+compute then upcast a whole decoder layer at a time (every expert of it), and OpenVINO's conversion of optimum-intel's
+expert form (`lfm2_moe_experts_forward`: the fused tensor chunked and transposed) folds those views into new float32
+constants. A 2-layer model of Qwen3-30B-A3B's widths held 2.2x its checkpoint in anonymous memory before the
+validation.
+
+What this module does instead, in three places, each without a copy of the experts:
+
+* the load (`while_exporting`, host/'s `experts_loaded_as_stored`): the model's experts module is `StoredExperts`,
+  one small module per expert with the checkpoint's own projection names, and the fusing conversions are left out,
+  so transformers loads every expert's tensors memory-mapped from the safetensors file, as it does a dense model's;
+* the capture: `StoredExperts.forward` runs only the routed experts (transformers' own loop), and under the
+  capture's float32 compute upcasts one expert's projection at a time (`computes_fp32_itself`);
+* the conversion (`export_config`'s patcher): each layer's experts are written once, stacked as optimum-intel's form
+  reads them (`[experts, out, in]` per projection), into a file in the export's staging directory that is unlinked
+  as soon as it is mapped (a killed export leaves nothing); the trace reads those file pages, so OpenVINO's
+  constants share them, and optimum-intel saves them into the `.bin` from there. The graph is optimum-intel's form
+  without the chunk of a fused tensor: per expert the gate, up and down matmuls over all tokens weighted by the
+  scattered top-k gates, which OpenVINO's CPU plugin turns into `GatherMatmul`s over the routed experts.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import types
+from pathlib import Path
+from typing import Iterator, Self
+
+import torch
+
+MODEL_TYPES = ("qwen3_moe", "qwen2_moe", "mixtral", "phimoe")
+TRANSFORMERS = ">=5.0"  # the release that fuses experts at load (written and tested under 5.5)
+SUMMARY = ("the experts loaded as the checkpoint stores them (memory-mapped, not fused into new tensors), the routed "
+           "ones computed one at a time for the capture, and converted from one stacked copy in an unlinked file")
+
+# model type -> (transformers' modeling module, its experts class, the checkpoint's gate, up and down projections)
+FAMILIES: dict[str, tuple[str, str, tuple[str, str, str]]] = {
+    "qwen3_moe": ("transformers.models.qwen3_moe.modeling_qwen3_moe", "Qwen3MoeExperts",
+                  ("gate_proj", "up_proj", "down_proj")),
+    "qwen2_moe": ("transformers.models.qwen2_moe.modeling_qwen2_moe", "Qwen2MoeExperts",
+                  ("gate_proj", "up_proj", "down_proj")),
+    "mixtral": ("transformers.models.mixtral.modeling_mixtral", "MixtralExperts", ("w1", "w3", "w2")),
+    "phimoe": ("transformers.models.phimoe.modeling_phimoe", "PhimoeExperts", ("w1", "w3", "w2")),
+}
+
+
+class _Expert(torch.nn.Module):
+    """One expert, its three projections under the checkpoint's names."""
+
+    def __init__(self, hidden: int, intermediate: int, names: tuple[str, str, str]):
+        super().__init__()
+        gate, up, down = names
+        setattr(self, gate, torch.nn.Linear(hidden, intermediate, bias=False))
+        setattr(self, up, torch.nn.Linear(hidden, intermediate, bias=False))
+        setattr(self, down, torch.nn.Linear(intermediate, hidden, bias=False))
+
+
+class StoredExperts(torch.nn.ModuleList):
+    """A MoE layer's experts as the checkpoint stores them (`experts.{e}.<projection>.weight`), in the call
+    signature of transformers 5's fused experts module: `(hidden_states [tokens, hidden], top_k_index, top_k_weights)`.
+    """
+
+    names: tuple[str, str, str] = ("gate_proj", "up_proj", "down_proj")
+    # pipeline/reference.py's float32 compute leaves this subtree's 16-bit weights alone: forward upcasts them itself,
+    # one expert's projection at a time, instead of the whole layer's experts at once
+    computes_fp32_itself = True
+
+    def __init__(self, config):
+        from transformers.activations import ACT2FN
+
+        intermediate = getattr(config, "moe_intermediate_size", None) or config.intermediate_size
+        experts = getattr(config, "num_experts", None) or config.num_local_experts
+        super().__init__([_Expert(config.hidden_size, intermediate, self.names) for _ in range(experts)])
+        self.num_experts = experts
+        self.__dict__["act_fn"] = ACT2FN[config.hidden_act]  # not a child: the list holds the experts only
+        # no tensors of its own: transformers' initialisation of the fused class (whose name this class takes during
+        # the load) would look for them; each expert's projections are initialised, where missing, as any nn.Linear
+        self._is_hf_initialized = True
+
+    def _projections(self, expert: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        module = self[expert]
+        return tuple(getattr(module, name).weight for name in self.names)
+
+    def forward(self, hidden_states, top_k_index, top_k_weights):
+        """transformers' own loop over the routed experts (each token's top-k), an expert's weights in the input's
+        dtype while it computes."""
+        final = torch.zeros_like(hidden_states)
+        with torch.no_grad():
+            mask = torch.nn.functional.one_hot(top_k_index, num_classes=self.num_experts).permute(2, 1, 0)
+            hit = torch.greater(mask.sum(dim=(-1, -2)), 0).nonzero()
+        for expert in hit[:, 0].tolist():
+            top_k_pos, token_idx = torch.where(mask[expert])
+            state = hidden_states[token_idx]
+            gate, up, down = (w.to(state.dtype) for w in self._projections(expert))
+            out = torch.nn.functional.linear(self.act_fn(torch.nn.functional.linear(state, gate))
+                                             * torch.nn.functional.linear(state, up), down)
+            out = out * top_k_weights[token_idx, top_k_pos, None]
+            final.index_add_(0, token_idx, out.to(final.dtype))
+        return final
+
+
+def stacked_forward(self, hidden_states, top_k_index, top_k_weights):
+    """The traced form: optimum-intel's `lfm2_moe_experts_forward` (every expert on every token, weighted by the
+    scattered top-k gates) over the stacked projections, gate and up apart (no chunk for OpenVINO to fold)."""
+    routing = top_k_weights.to(hidden_states.dtype)
+    tokens, hidden = hidden_states.shape
+    dense = torch.zeros(tokens, self.num_experts, dtype=hidden_states.dtype, device=hidden_states.device)
+    dense.scatter_(dim=1, index=top_k_index, src=routing)
+    expanded = hidden_states.repeat(self.num_experts, 1).view(self.num_experts, -1, hidden)
+    gate = torch.bmm(expanded, self.stacked_gate.transpose(1, 2))
+    up = torch.bmm(expanded, self.stacked_up.transpose(1, 2))
+    out = torch.bmm(self.act_fn(gate) * up, self.stacked_down.transpose(1, 2))
+    out = out.view(self.num_experts, tokens, hidden) * dense.transpose(0, 1).view(self.num_experts, tokens)[..., None]
+    return out.sum(dim=0)
+
+
+def _experts_class(model_type: str) -> type:
+    names = FAMILIES[model_type][2]
+    return type(f"Stored{FAMILIES[model_type][1]}", (StoredExperts,), {"names": names, "__module__": __name__})
+
+
+_scratch: list[Path | None] = []  # where the conversion's stacked experts are written (the export's staging directory)
+
+
+@contextlib.contextmanager
+def while_exporting(model_type: str, scratch: Path | None = None) -> Iterator[None]:
+    """For one export of `model_type`: its experts load as stored (host/'s `experts_loaded_as_stored`), and the
+    conversion writes their stacked copies under `scratch` (None: the system's temporary directory)."""
+    from ..host import experts_loaded_as_stored
+
+    modeling, class_name, _ = FAMILIES[model_type]
+    _scratch.append(None if scratch is None else Path(scratch))
+    try:
+        with experts_loaded_as_stored(modeling, class_name, _experts_class(model_type)):
+            yield
+    finally:
+        _scratch.pop()
+
+
+def _mapped(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """A zeroed tensor whose memory is a file's pages (reclaimable, not anonymous), the file unlinked at once."""
+    import tempfile
+
+    directory = _scratch[-1] if _scratch else None
+    if directory is not None:
+        directory.mkdir(parents=True, exist_ok=True)
+    handle, path = tempfile.mkstemp(prefix="experts.", dir=directory)
+    try:
+        count = 1
+        for size in shape:
+            count *= size
+        os.ftruncate(handle, count * torch.empty((), dtype=dtype).element_size())
+        tensor = torch.from_file(path, shared=True, size=count, dtype=dtype).view(shape)
+    finally:
+        os.close(handle)
+        os.unlink(path)
+    return tensor
+
+
+def _stack(experts: StoredExperts) -> None:
+    """Give `experts` its stacked projections (`[experts, out, in]`, file-backed) and the traced forward."""
+    first = experts._projections(0)
+    stacked = [_mapped((experts.num_experts, *w.shape), w.dtype) for w in first]
+    for expert in range(experts.num_experts):
+        for target, weight in zip(stacked, experts._projections(expert)):
+            target[expert].copy_(weight)
+    for name, tensor in zip(("stacked_gate", "stacked_up", "stacked_down"), stacked):
+        experts.register_buffer(name, tensor, persistent=False)
+    experts.forward = types.MethodType(stacked_forward, experts)
+
+
+def _unstack(experts: StoredExperts) -> None:
+    for name in ("stacked_gate", "stacked_up", "stacked_down"):
+        experts._buffers.pop(name, None)
+    experts.__dict__.pop("forward", None)
+
+
+def export_config(base: type) -> type:
+    """optimum-intel's export config `base`, its patcher tracing each `StoredExperts` in the stacked form."""
+    patcher_base = base._MODEL_PATCHER
+
+    class StoredExpertsPatcher(patcher_base):
+        """optimum-intel's patcher for the type, then each layer's stored experts stacked for the trace."""
+
+        def __enter__(self) -> Self:
+            super().__enter__()
+            for module in self._model.modules():
+                if isinstance(module, StoredExperts):
+                    _stack(module)
+            return self
+
+        def __exit__(self, exc_type, exc_value, traceback) -> None:
+            for module in self._model.modules():
+                if isinstance(module, StoredExperts):
+                    _unstack(module)
+            super().__exit__(exc_type, exc_value, traceback)
+
+    return type(base.__name__, (base,), {
+        "__doc__": f"{base.__name__} tracing the experts as stored (optimum_shared_graph.architectures.moe_experts).",
+        "_MODEL_PATCHER": StoredExpertsPatcher,
+    })

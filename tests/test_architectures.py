@@ -15,6 +15,7 @@ import contextlib
 import functools
 import json
 
+import numpy as np
 import pytest
 import torch
 
@@ -253,6 +254,34 @@ def test_moe_experts_load_memory_mapped_and_run_only_the_routed_ones_on_a_cpu(ti
     kinds = [op.get_rt_info()["layerType"].astype(str) for op in compiled.get_runtime_model().get_ops()]
     layers = json.loads((model / "config.json").read_text())["num_hidden_layers"]
     assert kinds.count("GatherMatmul") == 3 * layers, sorted(set(kinds))
+
+    # validation in parts smaller than one layer: each MoE block summed over expert ranges (graph/experts.py),
+    # whose weights are rows of the original constants (the graph's weight bytes grow only by the ranges' index
+    # constants), gives the logits of the graph compiled whole
+    from optimum_shared_graph.graph import experts as moe_graph
+    from optimum_shared_graph.graph.parts import plan_parts
+    from optimum_shared_graph.pipeline.validate import run_in_parts
+    from optimum_shared_graph.runtimes.session import GraphSession
+
+    graph = ov.Core().read_model(tmp_path / "ov" / "openvino_model.xml")
+    found = moe_graph.blocks(graph)
+    assert len(found) == layers
+    per_layer = sum(int(w.get_byte_size()) for w in found[0][2])
+    whole = plan_parts(graph, 10**12)
+    ranged = plan_parts(graph.clone(), per_layer // 2, experts_range_bytes=per_layer // 4)
+    assert whole.count == 1 and ranged.count >= 2 * layers + 1, ranged.part_bytes
+    assert 0 <= ranged.total_bytes - whole.total_bytes < 4096 and max(ranged.part_bytes) < per_layer
+
+    def logits(plan):
+        feeds = GraphSession.feeds_only(graph, model_type="qwen3_moe")
+        calls, mask = [np.array([[5, 17, 99, 3, 11]]), np.array([[7]]), np.array([[8]])], np.ones((1, 0), np.int64)
+        values = []
+        for ids in calls:
+            mask = np.ones((1, mask.shape[1] + ids.shape[1]), np.int64)
+            values.append(feeds.feed(ids, mask))
+        return np.stack([v["logits"][:, -1] for v in run_in_parts(graph, values, plan)])
+
+    np.testing.assert_allclose(logits(ranged), logits(whole), rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.timeout(900)

@@ -113,11 +113,34 @@ def stacked_forward(self, hidden_states, top_k_index, top_k_weights):
     dense = torch.zeros(tokens, self.num_experts, dtype=hidden_states.dtype, device=hidden_states.device)
     dense.scatter_(dim=1, index=top_k_index, src=routing)
     expanded = hidden_states.repeat(self.num_experts, 1).view(self.num_experts, -1, hidden)
-    gate = torch.bmm(expanded, self.stacked_gate.transpose(1, 2))
-    up = torch.bmm(expanded, self.stacked_up.transpose(1, 2))
-    out = torch.bmm(self.act_fn(gate) * up, self.stacked_down.transpose(1, 2))
+    gate_proj, up_proj, down_proj = self.stacked
+    out = down_proj(self.act_fn(gate_proj(expanded)) * up_proj(expanded))
+    # the view is a no-op that OpenVINO's CPU plugin's GatherMatmul fusion expects there (without it: none)
     out = out.view(self.num_experts, tokens, hidden) * dense.transpose(0, 1).view(self.num_experts, tokens)[..., None]
     return out.sum(dim=0)
+
+
+def stacked_projection(weight: torch.Tensor) -> torch.nn.Linear:
+    """One projection of every expert of a layer as the trace sees it: an `nn.Linear` over the batched weight
+    `[experts, out, in]` (in the checkpoint's 16 bits), `[experts, tokens, in] -> [experts, tokens, out]`.
+
+    OpenVINO's 16-bit tracing (`__make_16bit_traceable`, which optimum-intel applies) records an `nn.Linear` as one
+    operation reading its 16-bit weight as a parameter, and its frontend makes of it MatMul(x, Convert(weight),
+    transpose_b): the weight's constant shares the file's pages, and the form is the one OpenVINO's CPU plugin fuses
+    into a `GatherMatmul` over the routed experts. Traced as `torch.bmm` over a transposed weight (optimum-intel's
+    form), the frontend folds the transpose and the Convert into a new float32 constant: twice the experts' bytes in
+    anonymous memory; held outside the module's tensors, torch's trace check compares them as constants, with
+    temporaries the size of the weights."""
+    linear = torch.nn.Linear(1, 1, bias=False)
+    linear.weight = torch.nn.Parameter(weight, requires_grad=False)
+    linear.in_features, linear.out_features = weight.shape[2], weight.shape[1]
+    # what runs where the 16-bit tracing does not replace it (a float32 checkpoint): the batched product
+    linear.forward = types.MethodType(_batched_linear, linear)
+    return linear
+
+
+def _batched_linear(self, x: torch.Tensor) -> torch.Tensor:
+    return torch.bmm(x, self.weight.transpose(1, 2).to(x.dtype))
 
 
 def _experts_class(model_type: str) -> type:
@@ -170,14 +193,12 @@ def _stack(experts: StoredExperts) -> None:
     for expert in range(experts.num_experts):
         for target, weight in zip(stacked, experts._projections(expert)):
             target[expert].copy_(weight)
-    for name, tensor in zip(("stacked_gate", "stacked_up", "stacked_down"), stacked):
-        experts.register_buffer(name, tensor, persistent=False)
+    experts.stacked = torch.nn.ModuleList(stacked_projection(w) for w in stacked)  # not an expert: popped after
     experts.forward = types.MethodType(stacked_forward, experts)
 
 
 def _unstack(experts: StoredExperts) -> None:
-    for name in ("stacked_gate", "stacked_up", "stacked_down"):
-        experts._buffers.pop(name, None)
+    experts._modules.pop("stacked", None)
     experts.__dict__.pop("forward", None)
 
 
@@ -190,7 +211,7 @@ def export_config(base: type) -> type:
 
         def __enter__(self) -> Self:
             super().__enter__()
-            for module in self._model.modules():
+            for module in list(self._model.modules()):
                 if isinstance(module, StoredExperts):
                     _stack(module)
             return self

@@ -51,13 +51,16 @@ class PartPlan:
     crossing: list[int]  # values crossing each cut
     total_bytes: int
     _order: list = field(default_factory=list, repr=False)
+    # MoE blocks computed over expert ranges of at most these weight bytes (`graph/experts.py`) before the cut
+    experts_range_bytes: int | None = None
 
     @property
     def count(self) -> int:
         return len(self.cuts) + 1
 
     def to_dict(self) -> dict:
-        return {"parts": self.count, "largest_part_bytes": max(self.part_bytes), "weight_bytes": self.total_bytes}
+        return {"parts": self.count, "largest_part_bytes": max(self.part_bytes), "weight_bytes": self.total_bytes,
+                **({"experts_range_bytes": self.experts_range_bytes} if self.experts_range_bytes else {})}
 
 
 def _constant_like(ops) -> set[int]:
@@ -187,12 +190,18 @@ class _Graph:
         return list(spans.values())
 
 
-def plan_parts(model, max_part_bytes: int) -> PartPlan:
+def plan_parts(model, max_part_bytes: int, cost=None, experts_range_bytes: int | None = None) -> PartPlan:
     """Cut `model` (an `openvino.Model`) into parts whose weights stay under `max_part_bytes` where possible.
 
     A part is never smaller than what cannot be cut (one state's span, one operation's weights), so a part can
-    exceed the bound: `PartPlan.part_bytes` says what each part really reads.
+    exceed the bound: `PartPlan.part_bytes` says what each part really reads. `cost(constant)`: the bytes a weight
+    counts for against the bound (its own by default). `experts_range_bytes`: first compute each MoE block over
+    expert ranges of at most that many bytes (`graph/experts.py`, on `model` in place), so parts can end inside it.
     """
+    if experts_range_bytes:
+        from .experts import split_experts
+
+        split_experts(model, experts_range_bytes)
     g = _Graph(model)
     n = len(g.ops)
     # weight bytes at each operation reading them: a weight read in two places (a tied embedding and lm_head)
@@ -201,7 +210,7 @@ def plan_parts(model, max_part_bytes: int) -> PartPlan:
     for i, op in enumerate(g.ops):
         for c in g.const_inputs(op):
             sizes[_key(c)] = int(c.get_byte_size())
-            weight_at[i] += sizes[_key(c)]
+            weight_at[i] += int(cost(c)) if cost else sizes[_key(c)]
     total = sum(sizes.values())
     # values crossing each position p (a cut before operation p): produced before p, read at or after p
     delta = [0] * (n + 2)
@@ -245,11 +254,26 @@ def plan_parts(model, max_part_bytes: int) -> PartPlan:
         if not later:
             break
         fits = [p for p in later if prefix[p] - prefix[start] <= max_part_bytes]
+        if not fits:  # one layer alone exceeds the bound: cut inside it where it can be (an expert range's end)
+            fits = _inside_cuts(inner, crossing, prefix, start, min(later), max_part_bytes)
         start = max(fits) if fits else min(later)
         cuts.append(start)
-    plan = PartPlan(cuts=cuts, part_bytes=[], crossing=[crossing[c] for c in cuts], total_bytes=total, _order=g.ops)
+    plan = PartPlan(cuts=cuts, part_bytes=[], crossing=[crossing[c] for c in cuts], total_bytes=total, _order=g.ops,
+                    experts_range_bytes=experts_range_bytes)
     plan.part_bytes = [_part_bytes(g, lo, hi) for lo, hi in _bounds(cuts, n)]
     return plan
+
+
+def _inside_cuts(inner: list[int], crossing: list[int], prefix: list[int], start: int, stop: int,
+                 max_part_bytes: int) -> list[int]:
+    """Positions between `start` and the next layer boundary `stop` where a part from `start` stays under the
+    bound, crossing no more values than the fewest there plus the few a MoE block's expert ranges carry (the
+    tokens, the router's weights, the sum so far: `graph/experts.py`)."""
+    within = [p for p in inner if start < p < stop and prefix[start] < prefix[p] <= prefix[start] + max_part_bytes]
+    if not within:
+        return []
+    fewest = min(crossing[p] for p in within)
+    return [p for p in within if crossing[p] <= fewest + 2]
 
 
 def _bounds(cuts: list[int], n: int) -> list[tuple[int, int]]:
@@ -299,6 +323,10 @@ def build_parts(model, plan: PartPlan):
     """
     import openvino as ov
 
+    if plan.experts_range_bytes:
+        from .experts import split_experts
+
+        split_experts(model, plan.experts_range_bytes)
     g = _Graph(model)
     if len(g.ops) != len(plan._order) or any(a.get_type_name() != b.get_type_name() for a, b in zip(g.ops, plan._order)):
         raise ValueError("the graph changed since its parts were planned")

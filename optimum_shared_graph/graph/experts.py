@@ -1,0 +1,192 @@
+"""A mixture-of-experts layer computed over ranges of its experts, so that validation can run it in parts smaller
+than one layer.
+
+The traced MoE block (optimum-intel's form, `architectures/moe_experts.py`) computes every expert at once over
+stacked weights `[experts, out, in]`, then sums the experts' outputs weighted by the router:
+
+    x [E, T, in] -> MatMul(gate), MatMul(up) -> Swish * -> MatMul(down) -> * routing [E, T, 1] -> ReduceSum(axis 0)
+
+Compiled for validation under f32 properties, OpenVINO's CPU plugin holds a `GatherMatmul`'s 16-bit weights in
+float32 and repacked (`EXPERTS_COMPILED_PER_BYTE` times the IR's bytes), so one layer of Qwen3-30B-A3B's widths
+(1.2 GB of fp16 experts) would need about 7 GB: more than a machine that runs the model may have to spare. `split_experts` rewrites such a block as the sum of the same computation over consecutive expert ranges
+(each range's weights a view of the original constant, no copy): the same values, and every range's end a place
+where `graph/parts.py` can cut.
+"""
+
+from __future__ import annotations
+
+# The CPU plugin's anonymous memory per IR byte of a `GatherMatmul`'s 16-bit expert weights under f32 properties,
+# compiled and run (measured at Qwen3-30B-A3B's widths: parts of 95 MB of experts peaked 0.53-0.60 GB above the
+# process, parts of 397 MB 2.3 GB).
+EXPERTS_COMPILED_PER_BYTE = 6.0
+
+# operations a block may hold between its input and its sum, each computed per expert along axis 0
+_PER_EXPERT = {"MatMul", "Multiply", "Add", "Subtract", "Swish", "Sigmoid", "Gelu", "Relu", "Clamp", "Convert",
+               "Reshape"}  # a Reshape only where it keeps the shape (`_same_shape`): the form the CPU plugin fuses
+
+
+def _key(node) -> int:
+    return node.get_instance_id()
+
+
+def _experts_axis(output) -> int | None:
+    """The static length of `output`'s first axis for a rank-3 value, else None."""
+    shape = output.get_partial_shape()
+    if shape.rank.is_dynamic or shape.rank.get_length() != 3 or shape[0].is_dynamic:
+        return None
+    return shape[0].get_length()
+
+
+def _weight(output):
+    """The Constant behind a MatMul's weight input (directly or through one Convert), else None."""
+    node = output.get_node()
+    if node.get_type_name() == "Convert":
+        node = node.input(0).get_source_output().get_node()
+    return node if node.get_type_name() == "Constant" else None
+
+
+def _same_shape(reshape) -> bool:
+    """A rank-3 Reshape keeping its input's first and last (static) axes: it keeps the middle one too."""
+    a, b = reshape.get_input_partial_shape(0), reshape.get_output_partial_shape(0)
+    return (a.rank.is_static and b.rank.is_static and a.rank.get_length() == b.rank.get_length() == 3
+            and all(a[i].is_static and b[i].is_static and a[i].get_length() == b[i].get_length() for i in (0, 2)))
+
+
+def _per_expert(node, experts: int) -> bool:
+    """Whether `node` is computed per expert along axis 0 (what the block is made of; anything else feeding it,
+    the tiled tokens or the router's weights, is sliced per range)."""
+    kind = node.get_type_name()
+    return (kind in _PER_EXPERT and _experts_axis(node.output(0)) == experts
+            and not (kind == "Reshape" and not _same_shape(node))
+            and not (kind == "Convert" and _weight(node.output(0)) is not None))
+
+
+def _is_sum_over_experts(op) -> bool:
+    if op.get_type_name() != "ReduceSum" or op.get_keep_dims():
+        return False
+    axes = op.input(1).get_source_output().get_node()
+    return axes.get_type_name() == "Constant" and [int(a) for a in axes.data.reshape(-1)] == [0]
+
+
+def blocks(model) -> list[tuple[object, list, list]]:
+    """Each MoE block of `model`: (its ReduceSum, its operations in order, the Constants of its expert weights)."""
+    found = []
+    for op in model.get_ordered_ops():
+        if not _is_sum_over_experts(op):
+            continue
+        source = op.input(0).get_source_output()
+        experts = _experts_axis(source)
+        if not experts or experts < 2:
+            continue
+        inside, weights, stack, ok = {}, [], [source.get_node()], True
+        while stack:
+            node = stack.pop()
+            if _key(node) in inside:
+                continue
+            if not _per_expert(node, experts):
+                ok = False
+                break
+            inside[_key(node)] = node
+            for i, inp in enumerate(node.inputs()):
+                src = inp.get_source_output()
+                if node.get_type_name() == "MatMul" and i == 1 and (w := _weight(src)) is not None:
+                    weights.append(w)
+                elif node.get_type_name() == "Reshape" and i == 1:
+                    continue  # its target shape: not rebuilt (`_rebuilt` passes the data through)
+                elif _per_expert(src.get_node(), experts):
+                    stack.append(src.get_node())
+        if ok and weights and all(len(w.get_output_shape(0)) == 3 and w.get_output_shape(0)[0] == experts
+                                  for w in weights):
+            order = [n for n in model.get_ordered_ops() if _key(n) in inside]
+            found.append((op, order, weights))
+    return found
+
+
+def is_expert_weight(constant) -> bool:
+    """A Constant of stacked expert weights: rank 3, read (directly or through a Convert) as a MatMul's weight."""
+    if len(constant.get_output_shape(0)) != 3:
+        return False
+    readers = [t.get_node() for t in constant.output(0).get_target_inputs()]
+    readers = [t.get_node() for r in readers if r.get_type_name() == "Convert"
+               for t in r.output(0).get_target_inputs()] + [r for r in readers if r.get_type_name() != "Convert"]
+    return any(r.get_type_name() == "MatMul" and r.input(1).get_source_output().get_node().get_type_name()
+               in ("Convert", "Constant") for r in readers)
+
+
+def split_experts(model, max_range_bytes: int) -> int:
+    """Rewrite each MoE block of `model` (in place) whose expert weights exceed `max_range_bytes` as the sum of
+    the block over consecutive expert ranges of at most that many weight bytes. Returns the blocks rewritten."""
+    import numpy as np
+    import openvino as ov
+    from openvino import opset13 as ops
+
+    rewritten = 0
+    for total, order, weights in blocks(model):
+        experts = weights[0].get_output_shape(0)[0]
+        per_expert = sum(int(w.get_byte_size()) for w in weights) // experts
+        size = max(1, min(experts, max_range_bytes // max(per_expert, 1)))
+        if size >= experts:
+            continue
+        result = None
+        for lo in range(0, experts, size):
+            hi = min(experts, lo + size)
+            made: dict[tuple[int, int], object] = {}
+
+            def value(output, lo=lo, hi=hi, made=made):
+                node = output.get_node()
+                key = (_key(node), output.get_index())
+                if key in made:  # a block's operation rebuilt for this range (they come in order), or a value made
+                    return made[key]
+                w = _weight(output)
+                if w is not None and _experts_axis(w.output(0)) == experts:
+                    shape = list(w.get_output_shape(0))
+                    rows = ov.Tensor(w.get_tensor_view(), ov.Coordinate([lo, 0, 0]), ov.Coordinate([hi, *shape[1:]]))
+                    view = ov.op.Constant(rows)  # the rows of the original's memory, not a copy
+                    new = view if node.get_type_name() == "Constant" else ops.convert(view, node.get_output_element_type(0))
+                    made[key] = new.output(0)
+                elif _experts_axis(output) == experts:
+                    made[key] = ops.slice(output, np.array([lo]), np.array([hi]), np.array([1]), np.array([0])).output(0)
+                else:
+                    made[key] = output  # broadcast along the experts' axis (a scalar, a [1, ...] value)
+                return made[key]
+
+            for node in order:
+                args = [value(i.get_source_output()) for i in node.inputs()]
+                made[(_key(node), 0)] = _rebuilt(node, args, ops)
+            part = ops.reduce_sum(made[(_key(order[-1]), 0)], np.array([0]), keep_dims=False).output(0)
+            result = part if result is None else ops.add(result, part).output(0)
+        total.output(0).replace(result)
+        rewritten += 1
+    if rewritten:
+        model.validate_nodes_and_infer_types()
+    return rewritten
+
+
+def _rebuilt(node, args, ops):
+    """`node`'s operation over new inputs (the types `_PER_EXPERT` admits): its output."""
+    kind = node.get_type_name()
+    if kind == "Reshape":  # one that keeps the shape (`_same_shape`)
+        return args[0]
+    return _operation(kind, node, args, ops).output(0)
+
+
+def _operation(kind, node, args, ops):
+
+    attrs = node.get_attributes()
+    if kind == "MatMul":
+        return ops.matmul(args[0], args[1], attrs["transpose_a"], attrs["transpose_b"])
+    if kind in ("Multiply", "Add", "Subtract"):
+        return getattr(ops, kind.lower())(*args)
+    if kind == "Swish":
+        return ops.swish(*args)
+    if kind == "Sigmoid":
+        return ops.sigmoid(args[0])
+    if kind == "Relu":
+        return ops.relu(args[0])
+    if kind == "Gelu":
+        return ops.gelu(args[0], attrs["approximation_mode"])
+    if kind == "Clamp":
+        return ops.clamp(args[0], attrs["min"], attrs["max"])
+    if kind == "Convert":
+        return ops.convert(args[0], node.get_output_element_type(0))
+    raise AssertionError(f"no rebuild for {kind}")

@@ -17,11 +17,13 @@ What this module does instead, in three places, each without a copy of the exper
 * the capture: `StoredExperts.forward` runs only the routed experts (transformers' own loop), and under the
   capture's float32 compute upcasts one expert's projection at a time (`computes_fp32_itself`);
 * the conversion (`export_config`'s patcher): each layer's experts are written once, stacked as optimum-intel's form
-  reads them (`[experts, out, in]` per projection), into a file in the export's staging directory that is unlinked
-  as soon as it is mapped (a killed export leaves nothing); the trace reads those file pages, so OpenVINO's
-  constants share them, and optimum-intel saves them into the `.bin` from there. The graph is optimum-intel's form
-  without the chunk of a fused tensor: per expert the gate, up and down matmuls over all tokens weighted by the
-  scattered top-k gates, which OpenVINO's CPU plugin turns into `GatherMatmul`s over the routed experts.
+  reads them (`[experts, out, in]` per projection, 16-bit), into a file in the export's staging directory that is
+  unlinked as soon as it is mapped (a killed export leaves nothing); each stacked projection is traced as an
+  `nn.Linear` over the batched weight (`stacked_projection`), so OpenVINO's constants share those file pages and
+  optimum-intel saves them into the `.bin` from there. The graph is optimum-intel's form without the chunk of a
+  fused tensor: per expert the gate, up and down matmuls over all tokens weighted by the scattered top-k gates,
+  which OpenVINO's CPU plugin turns into `GatherMatmul`s over the routed experts. Validation runs such a graph in
+  parts that end inside its layers (`graph/experts.py`).
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ stacked weights `[experts, out, in]`, then sums the experts' outputs weighted by
 
 Compiled for validation under f32 properties, OpenVINO's CPU plugin holds a `GatherMatmul`'s 16-bit weights in
 float32 and repacked (`EXPERTS_COMPILED_PER_BYTE` times the IR's bytes), so one layer of Qwen3-30B-A3B's widths
-(1.2 GB of fp16 experts) would need about 7 GB: more than a machine that runs the model may have to spare. `split_experts` rewrites such a block as the sum of the same computation over consecutive expert ranges
+(1.2 GB of fp16 experts) would need about 5 GB: more than a machine that runs the model may have to spare. `split_experts` rewrites such a block as the sum of the same computation over consecutive expert ranges
 (each range's weights a view of the original constant, no copy): the same values, and every range's end a place
 where `graph/parts.py` can cut.
 """
@@ -16,9 +16,9 @@ where `graph/parts.py` can cut.
 from __future__ import annotations
 
 # The CPU plugin's anonymous memory per IR byte of a `GatherMatmul`'s 16-bit expert weights under f32 properties,
-# compiled and run (measured at Qwen3-30B-A3B's widths: parts of 95 MB of experts peaked 0.53-0.60 GB above the
-# process, parts of 397 MB 2.3 GB).
-EXPERTS_COMPILED_PER_BYTE = 6.0
+# compiled and run (measured at Qwen3-30B-A3B's widths: parts of 95 MB of expert ranges peaked 0.32-0.41 GB above
+# the process; it holds them in float32, and repacked).
+EXPERTS_COMPILED_PER_BYTE = 4.0
 
 # operations a block may hold between its input and its sum, each computed per expert along axis 0
 _PER_EXPERT = {"MatMul", "Multiply", "Add", "Subtract", "Swish", "Sigmoid", "Gelu", "Relu", "Clamp", "Convert",
@@ -142,8 +142,7 @@ def split_experts(model, max_range_bytes: int) -> int:
                     shape = list(w.get_output_shape(0))
                     rows = ov.Tensor(w.get_tensor_view(), ov.Coordinate([lo, 0, 0]), ov.Coordinate([hi, *shape[1:]]))
                     view = ov.op.Constant(rows)  # the rows of the original's memory, not a copy
-                    new = view if node.get_type_name() == "Constant" else ops.convert(view, node.get_output_element_type(0))
-                    made[key] = new.output(0)
+                    made[key] = _decompressed(view, node, ops)
                 elif _experts_axis(output) == experts:
                     made[key] = ops.slice(output, np.array([lo]), np.array([hi]), np.array([1]), np.array([0])).output(0)
                 else:
@@ -160,6 +159,50 @@ def split_experts(model, max_range_bytes: int) -> int:
     if rewritten:
         model.validate_nodes_and_infer_types()
     return rewritten
+
+
+def split_rows(model, max_range_bytes: int) -> int:
+    """Rewrite each MatMul of `model` (in place) whose 2D weight (`[out, in]`, read through a Convert or directly,
+    `transpose_b`) exceeds `max_range_bytes` as the concatenation of the MatMul over ranges of the weight's rows
+    (views of the constant): the same values, one operation's weights no longer what a part cannot go below
+    (`lm_head`, 622 MB at Qwen3-30B-A3B's widths, would hold 1.3 GB compiled). Returns the MatMuls rewritten."""
+    import openvino as ov
+    from openvino import opset13 as ops
+
+    rewritten = 0
+    for op in list(model.get_ordered_ops()):
+        if op.get_type_name() != "MatMul" or not op.get_attributes()["transpose_b"]:
+            continue
+        source = op.input(1).get_source_output()
+        weight = _weight(source)
+        if weight is None or len(weight.get_output_shape(0)) != 2 or weight.get_byte_size() <= max_range_bytes:
+            continue
+        rows, cols = weight.get_output_shape(0)
+        size = max(1, max_range_bytes // max(1, int(weight.get_byte_size()) // rows))
+        pieces = []
+        for lo in range(0, rows, size):
+            hi = min(rows, lo + size)
+            view = ov.op.Constant(ov.Tensor(weight.get_tensor_view(), ov.Coordinate([lo, 0]), ov.Coordinate([hi, cols])))
+            w = _decompressed(view, source.get_node(), ops)
+            pieces.append(ops.matmul(op.input(0).get_source_output(), w, op.get_attributes()["transpose_a"], True).output(0))
+        op.output(0).replace(ops.concat(pieces, -1).output(0))
+        rewritten += 1
+    if rewritten:
+        model.validate_nodes_and_infer_types()
+    return rewritten
+
+
+def _decompressed(view, original, ops):
+    """`view` read as `original` (a Constant, or the Convert of one) is: through a Convert that carries the
+    original's `decompression` mark, which keeps the CPU plugin from folding the Convert into
+    new float32 weights at compile time (without it a range held twice the memory)."""
+    if original.get_type_name() == "Constant":
+        return view.output(0)
+    convert = ops.convert(view, original.get_output_element_type(0))
+    for key in original.get_rt_info().keys():
+        if key.startswith("decompression"):  # an attribute without a value: its presence is the mark
+            convert.get_rt_info()[key] = ""
+    return convert.output(0)
 
 
 def _rebuilt(node, args, ops):

@@ -51,8 +51,10 @@ class PartPlan:
     crossing: list[int]  # values crossing each cut
     total_bytes: int
     _order: list = field(default_factory=list, repr=False)
-    # MoE blocks computed over expert ranges of at most these weight bytes (`graph/experts.py`) before the cut
+    # MoE blocks computed over expert ranges, and MatMuls over ranges of their weight's rows, of at most these
+    # weight bytes (`graph/experts.py`) before the cut
     experts_range_bytes: int | None = None
+    rows_range_bytes: int | None = None
 
     @property
     def count(self) -> int:
@@ -60,7 +62,8 @@ class PartPlan:
 
     def to_dict(self) -> dict:
         return {"parts": self.count, "largest_part_bytes": max(self.part_bytes), "weight_bytes": self.total_bytes,
-                **({"experts_range_bytes": self.experts_range_bytes} if self.experts_range_bytes else {})}
+                **{k: v for k, v in (("experts_range_bytes", self.experts_range_bytes),
+                                     ("rows_range_bytes", self.rows_range_bytes)) if v}}
 
 
 def _constant_like(ops) -> set[int]:
@@ -190,18 +193,17 @@ class _Graph:
         return list(spans.values())
 
 
-def plan_parts(model, max_part_bytes: int, cost=None, experts_range_bytes: int | None = None) -> PartPlan:
+def plan_parts(model, max_part_bytes: int, cost=None, experts_range_bytes: int | None = None,
+               rows_range_bytes: int | None = None) -> PartPlan:
     """Cut `model` (an `openvino.Model`) into parts whose weights stay under `max_part_bytes` where possible.
 
     A part is never smaller than what cannot be cut (one state's span, one operation's weights), so a part can
     exceed the bound: `PartPlan.part_bytes` says what each part really reads. `cost(constant)`: the bytes a weight
-    counts for against the bound (its own by default). `experts_range_bytes`: first compute each MoE block over
-    expert ranges of at most that many bytes (`graph/experts.py`, on `model` in place), so parts can end inside it.
+    counts for against the bound (its own by default). `experts_range_bytes` / `rows_range_bytes`: first compute
+    each MoE block over expert ranges, and each MatMul over ranges of its weight's rows, of at most that many bytes
+    (`graph/experts.py`, on `model` in place), so parts can end inside them.
     """
-    if experts_range_bytes:
-        from .experts import split_experts
-
-        split_experts(model, experts_range_bytes)
+    _split(model, experts_range_bytes, rows_range_bytes)
     g = _Graph(model)
     n = len(g.ops)
     # weight bytes at each operation reading them: a weight read in two places (a tied embedding and lm_head)
@@ -251,17 +253,27 @@ def plan_parts(model, max_part_bytes: int, cost=None, experts_range_bytes: int |
     cuts, start = [], 0
     while prefix[n] - prefix[start] > max_part_bytes:
         later = [p for p in good if p > start and prefix[p] > prefix[start]]
-        if not later:
-            break
         fits = [p for p in later if prefix[p] - prefix[start] <= max_part_bytes]
-        if not fits:  # one layer alone exceeds the bound: cut inside it where it can be (an expert range's end)
-            fits = _inside_cuts(inner, crossing, prefix, start, min(later), max_part_bytes)
+        if not fits:  # one layer (or the head) alone exceeds the bound: cut inside it where it can be (the end of
+            # an expert range or of a range of lm_head's rows, graph/experts.py)
+            fits = _inside_cuts(inner, crossing, prefix, start, min(later, default=n), max_part_bytes)
+        if not fits and not later:
+            break
         start = max(fits) if fits else min(later)
         cuts.append(start)
     plan = PartPlan(cuts=cuts, part_bytes=[], crossing=[crossing[c] for c in cuts], total_bytes=total, _order=g.ops,
-                    experts_range_bytes=experts_range_bytes)
+                    experts_range_bytes=experts_range_bytes, rows_range_bytes=rows_range_bytes)
     plan.part_bytes = [_part_bytes(g, lo, hi) for lo, hi in _bounds(cuts, n)]
     return plan
+
+
+def _split(model, experts_range_bytes: int | None, rows_range_bytes: int | None) -> None:
+    from .experts import split_experts, split_rows
+
+    if experts_range_bytes:
+        split_experts(model, experts_range_bytes)
+    if rows_range_bytes:
+        split_rows(model, rows_range_bytes)
 
 
 def _inside_cuts(inner: list[int], crossing: list[int], prefix: list[int], start: int, stop: int,
@@ -323,10 +335,7 @@ def build_parts(model, plan: PartPlan):
     """
     import openvino as ov
 
-    if plan.experts_range_bytes:
-        from .experts import split_experts
-
-        split_experts(model, plan.experts_range_bytes)
+    _split(model, plan.experts_range_bytes, plan.rows_range_bytes)
     g = _Graph(model)
     if len(g.ops) != len(plan._order) or any(a.get_type_name() != b.get_type_name() for a, b in zip(g.ops, plan._order)):
         raise ValueError("the graph changed since its parts were planned")

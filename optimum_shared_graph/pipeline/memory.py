@@ -35,10 +35,11 @@ COMPILED_PER_BYTE = 1.5
 # gives the same results and is no slower: on the Qwen3-4B graph (7.7 GB of fp16 weights), 4 calls run in 9 parts
 # of at most 1 GB took 20 s against 45 s compiled whole, at 1.7 GB of anonymous memory against 8.2 GB.
 MAX_PART_BYTES = 2 * 2**30
-# The largest compiled part of a mixture-of-experts graph (cut inside its layers, `graph/experts.py`): expert
-# weights compile to several times their bytes, and small parts cost no time (Qwen3-30B-A3B's widths, 2 layers,
-# 3 calls: 12 parts of at most 0.4 GB of IR weights ran in 10.5 s, 2 parts of 1.9 GB in 12.6 s).
-MAX_EXPERTS_PART_BYTES = 768 * 2**20
+# The largest compiled part of a mixture-of-experts graph (cut inside its layers and its `lm_head`,
+# `graph/experts.py`): expert weights compile to several times their bytes, and small parts cost no time
+# (Qwen3-30B-A3B's widths, 2 layers, 3 calls: 31 parts of at most 0.1 GB of experts ran in 11.6 s, 12 of 0.4 GB in
+# 10.5 s, 2 parts of 1.9 GB in 12.6 s).
+MAX_EXPERTS_PART_BYTES = 384 * 2**20
 _NO_LIMIT = 2**60
 
 _CGROUP_ROOT = Path("/sys/fs/cgroup")
@@ -141,7 +142,7 @@ def validation_parts(ov_model, memory: Memory | None = None):
     # one layer's experts exceed the bound (expert ranges), and they stay under MAX_EXPERTS_PART_BYTES compiled
     budget = min(budget, int(MAX_EXPERTS_PART_BYTES / COMPILED_PER_BYTE))
     ratio = experts.EXPERTS_COMPILED_PER_BYTE / COMPILED_PER_BYTE
-    return plan_parts(ov_model.clone(), budget, experts_range_bytes=max(1, int(budget / ratio)),
+    return plan_parts(ov_model.clone(), budget, experts_range_bytes=max(1, int(budget / ratio)), rows_range_bytes=budget,
                       cost=lambda c: c.get_byte_size() * (ratio if experts.is_expert_weight(c) else 1))
 
 

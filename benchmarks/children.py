@@ -97,16 +97,33 @@ def tree(pid: int) -> list[int]:
     return found
 
 
-def _rss_anon_mb(pid: int) -> float:
-    """A running process's anonymous resident memory (heap, copies of weights): what file pages are not. (Summed
-    over a tree it would count a forked child's copy-on-write pages twice: `pss_mb` is the tree's figure.)"""
+def status_of(pid: int, field: str) -> float:
+    """A memory field (`VmRSS`, `RssAnon`, ...) of a running process's /proc/PID/status, in MB (NaN once it exited)."""
     try:
         for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("RssAnon:"):
+            if line.startswith(f"{field}:"):
                 return int(line.split()[1]) / 1024
     except OSError:
         pass
     return float("nan")
+
+
+def _rss_anon_mb(pid: int) -> float:
+    """A running process's anonymous resident memory (heap, copies of weights): what file pages are not. (Summed
+    over a tree it would count a forked child's copy-on-write pages twice: `pss_anon_mb` is the tree's figure.)"""
+    return status_of(pid, "RssAnon")
+
+
+def pss_anon_mb(pid: int) -> float:
+    """A running process's share of anonymous memory (`Pss_Anon`): summed over a tree, a forked child's
+    copy-on-write pages count once (optimum-cli forks)."""
+    try:
+        for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+            if line.startswith("Pss_Anon:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        return float("nan")
+    return _rss_anon_mb(pid)
 
 
 def pss_mb(pid: int) -> float:

@@ -255,9 +255,9 @@ def test_moe_experts_load_memory_mapped_and_run_only_the_routed_ones_on_a_cpu(ti
     layers = json.loads((model / "config.json").read_text())["num_hidden_layers"]
     assert kinds.count("GatherMatmul") == 3 * layers, sorted(set(kinds))
 
-    # validation in parts smaller than one layer: each MoE block summed over expert ranges (graph/experts.py),
-    # whose weights are rows of the original constants (the graph's weight bytes grow only by the ranges' index
-    # constants), gives the logits of the graph compiled whole
+    # validation in parts smaller than one layer: each MoE block summed over expert ranges and lm_head over ranges
+    # of its rows (graph/experts.py), whose weights are views of the original constants (the graph's weight bytes
+    # grow only by the ranges' index constants), gives the logits of the graph compiled whole
     from optimum_shared_graph.graph import experts as moe_graph
     from optimum_shared_graph.graph.parts import plan_parts
     from optimum_shared_graph.pipeline.validate import run_in_parts
@@ -268,8 +268,15 @@ def test_moe_experts_load_memory_mapped_and_run_only_the_routed_ones_on_a_cpu(ti
     assert len(found) == layers
     per_layer = sum(int(w.get_byte_size()) for w in found[0][2])
     whole = plan_parts(graph, 10**12)
-    ranged = plan_parts(graph.clone(), per_layer // 2, experts_range_bytes=per_layer // 4)
+    head = max((op.input(1).get_source_output().get_node() for op in graph.get_ordered_ops() if op.get_type_name() ==
+                "MatMul" and op.input(1).get_source_output().get_node().get_type_name() == "Constant"
+                and len(op.get_input_shape(1)) == 2), key=lambda c: c.get_byte_size())
+    cut = graph.clone()
+    ranged = plan_parts(cut, per_layer // 2, experts_range_bytes=per_layer // 4, rows_range_bytes=head.get_byte_size() // 3)
     assert whole.count == 1 and ranged.count >= 2 * layers + 1, ranged.part_bytes
+    heads = [op for op in cut.get_ordered_ops() if op.get_type_name() == "Concat"
+             and all(i.get_source_output().get_node().get_type_name() == "MatMul" for i in op.inputs())]
+    assert len(heads) == 1 and heads[0].get_input_size() >= 2  # lm_head over ranges of its rows
     assert 0 <= ranged.total_bytes - whole.total_bytes < 4096 and max(ranged.part_bytes) < per_layer
 
     def logits(plan):

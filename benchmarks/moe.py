@@ -1,0 +1,265 @@
+"""Mixture-of-experts exports at released widths: memory, wall and decode against optimum-intel's own export.
+
+    python benchmarks/moe.py                                  # qwen3_moe and qwen2_moe at 2 and 4 layers (~40 min)
+    python benchmarks/moe.py --types mixtral phimoe --layers 2
+    python benchmarks/moe.py --report-only docs/benchmarks-moe.json
+
+For each MoE type and depth, a random-init checkpoint of the released checkpoint's widths and expert count (fp16,
+each expert's projections saved as their own tensors, as the published checkpoints are) is exported by
+optimum-intel (`text-generation-with-past`) and by this task, one fresh process each, one after the other, while the
+process tree's RSS, anonymous memory (`Pss_Anon`: a forked child's shared pages counted once) and PSS are sampled
+every 0.1 s; then this task's export runs again under a hard
+memory limit below the checkpoint's size (a cgroup v1 limit, as root: `memory.Limit`), and GenAI's `LLMPipeline`
+on the CPU decodes from both artifacts in alternating fresh processes (greedy, `ignore_eos`). Writes
+`docs/benchmarks-moe.json` and `docs/benchmarks-moe.md`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent))
+
+import children  # noqa: E402
+import context  # noqa: E402
+from memory import Limit, cgroup_available  # noqa: E402
+
+# the released checkpoints' expert counts (the released-width configs of `released.py` keep fewer, for coverage)
+EXPERTS = {"qwen3_moe": ("num_experts", 128), "qwen2_moe": ("num_experts", 60), "mixtral": ("num_local_experts", 8),
+           "phimoe": ("num_local_experts", 16)}
+PROMPT_TOKENS, NEW_TOKENS, ROUNDS = 32, 32, 3
+
+
+def build(model_type: str, layers: int, out: Path) -> dict:
+    """The checkpoint, in a child process (its memory is gone after)."""
+    if not (out / "config.json").is_file():
+        key, experts = EXPERTS[model_type]
+        code = ("import sys; from optimum_shared_graph import released; "
+                f"released.build_released_width_model({model_type!r}, sys.argv[1], num_hidden_layers={layers}, "
+                f"{key}={experts})")
+        subprocess.run([sys.executable, "-c", code, str(out)], check=True, env=children.child_env(),
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    config = json.loads((out / "config.json").read_text())
+    return {"model_type": model_type, "layers": layers, "released": _released(model_type),
+            "hidden_size": config["hidden_size"], "experts": config.get("num_experts") or config.get("num_local_experts"),
+            "expert_intermediate": config.get("moe_intermediate_size") or config["intermediate_size"],
+            "vocab_size": config["vocab_size"],
+            "checkpoint_bytes": sum(p.stat().st_size for p in out.glob("*.safetensors"))}
+
+
+def _released(model_type: str) -> str:
+    from optimum_shared_graph import released
+
+    return released.RELEASED[model_type][0]
+
+
+def export(model: Path, out: Path, task: str, limit_gib: float | None, log: Path) -> dict:
+    """One `optimum-cli export openvino` (fp16) under `limit_gib`: completed, wall, peak RSS / anonymous / PSS of
+    the process tree. The artifact is kept (decode reads it)."""
+    shutil.rmtree(out, ignore_errors=True)
+    args = ["optimum-cli", "export", "openvino", "-m", str(model), "--task", task, "--weight-format", "fp16", str(out)]
+    limit = Limit(limit_gib, f"osg-moe-{os.getpid()}")
+    peaks = {"rss": 0.0, "anon": 0.0, "pss": 0.0}
+    start = time.perf_counter()
+    with open(log, "w") as err:
+        proc = subprocess.Popen(args, stdout=err, stderr=err, env=children.child_env(), preexec_fn=limit.enter)
+        while proc.poll() is None:
+            pids = children.tree(proc.pid)
+            figures = {"rss": _total(children.status_of(p, "VmRSS") for p in pids),
+                       "anon": _total(children.pss_anon_mb(p) for p in pids), "pss": children.pss_mb(proc.pid)}
+            for k, v in figures.items():
+                if v == v:
+                    peaks[k] = max(peaks[k], v)
+            time.sleep(0.1)
+    wall = time.perf_counter() - start
+    kills = limit.oom_kills()
+    limit.close()
+    row = {"task": task, "limit_gib": limit_gib, "completed": proc.returncode == 0, "wall_s": round(wall, 1),
+           **{f"peak_{k}_mb": round(v) for k, v in peaks.items()}, "oom_kills": kills}
+    if (out / "shared_graph.json").is_file():
+        v = json.loads((out / "shared_graph.json").read_text())["validation"]
+        row["validation"] = {k: v.get(k) for k in ("status", "run", "greedy_tokens", "greedy_match")}
+    if not row["completed"]:
+        lines = [line for line in log.read_text().splitlines() if line.strip()]
+        row["error"] = "killed (out of memory)" if proc.returncode == -9 else (lines[-1][:200] if lines else "?")
+    print(json.dumps(row), flush=True)
+    return row
+
+
+def _total(figures) -> float:
+    """The sum of a tree's figures, those of processes that exited meanwhile (NaN) left out."""
+    return sum(f for f in figures if f == f)
+
+
+def decode_child(artifact: str) -> dict:
+    """In a fresh process: GenAI CPU greedy decode of `NEW_TOKENS` after a `PROMPT_TOKENS` prompt, ms per token."""
+    import numpy as np
+    import openvino as ov
+    import openvino_genai as genai
+
+    pipe = genai.LLMPipeline(artifact, "CPU")
+    prompt = ov.Tensor(np.random.default_rng(0).integers(100, 5000, size=(1, PROMPT_TOKENS), dtype=np.int64))
+    config = genai.GenerationConfig(max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, do_sample=False,
+                                    ignore_eos=True)
+    pipe.generate(prompt, config)  # warm-up
+    result = pipe.generate(prompt, config)
+    return {"tpot_ms": round(result.perf_metrics.get_tpot().mean, 2), "tokens": [int(t) for t in result.tokens[0]]}
+
+
+def decode(artifacts: dict[str, Path]) -> dict:
+    """Each artifact decoded in `ROUNDS` alternating fresh processes: the median ms/token, and whether the greedy
+    tokens of the two artifacts agree (default properties: the CPU's own precision)."""
+    runs: dict[str, list] = {name: [] for name in artifacts}
+    for r in range(ROUNDS):
+        for name in (list(artifacts) if r % 2 == 0 else list(artifacts)[::-1]):
+            proc = subprocess.run([sys.executable, __file__, "--decode-child", str(artifacts[name])],
+                                  capture_output=True, text=True, env=children.child_env())
+            if proc.returncode == 0:
+                runs[name].append(json.loads(proc.stdout.strip().splitlines()[-1]))
+    out = {}
+    for name, rs in runs.items():
+        times = sorted(r["tpot_ms"] for r in rs)
+        out[name] = {"tpot_ms": times[len(times) // 2] if times else None, "runs": times,
+                     "tokens": rs[0]["tokens"] if rs else None}
+    names = list(artifacts)
+    if all(out[n]["tokens"] for n in names):
+        a, b = (out[n]["tokens"] for n in names)
+        out["tokens_equal"] = sum(x == y for x, y in zip(a, b))
+    return out
+
+
+def run(args) -> dict:
+    work = args.workdir
+    work.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for model_type in args.types:
+        for layers in args.layers:
+            model = work / f"{model_type}-{layers}"
+            shape = build(model_type, layers, model)
+            logs = work / "logs-moe"
+            logs.mkdir(exist_ok=True)
+            theirs = export(model, work / "moe-with-past", "text-generation-with-past", None, logs / f"{model.name}-with-past.log")
+            ours = export(model, work / "moe-shared", "text-generation-shared", None, logs / f"{model.name}-shared.log")
+            row = {**shape, "with_past": theirs, "shared": ours}
+            if ours["completed"]:
+                if theirs["completed"]:
+                    row["decode"] = decode({"shared": work / "moe-shared", "with_past": work / "moe-with-past"})
+                shutil.rmtree(work / "moe-with-past", ignore_errors=True)
+                # a hard limit below the checkpoint: 0.8x its size, to 0.5 GiB
+                gib = math.floor(shape["checkpoint_bytes"] * 0.8 / 2**30 * 2) / 2
+                if (why := cgroup_available()) is None:
+                    row["limited"] = export(model, work / "moe-shared", "text-generation-shared", gib,
+                                            logs / f"{model.name}-shared-{gib:g}.log")
+                else:
+                    row["limited"] = {"skipped": why, "limit_gib": gib}
+            shutil.rmtree(work / "moe-with-past", ignore_errors=True)
+            shutil.rmtree(work / "moe-shared", ignore_errors=True)
+            if not args.keep_models:
+                shutil.rmtree(model, ignore_errors=True)
+            rows.append(row)
+            (work / "moe-partial.json").write_text(json.dumps(rows, indent=1) + "\n")  # what a crash leaves
+    return {"rows": rows, "machine": context.machine(), "versions": context.versions(),
+            "date": time.strftime("%Y-%m-%d"), "note": args.note}
+
+
+def _gb(n_bytes: float) -> str:
+    return f"{n_bytes / 1e9:.2f} GB"
+
+
+def render(results: dict) -> str:
+    lines = ["# Mixture-of-experts exports at released widths", "",
+             f"Generated by `python benchmarks/moe.py` on {results['date']} (one run; results in "
+             f"`docs/benchmarks-moe.json`): {context.describe_machine(results['machine'])}. Random-init checkpoints "
+             "with the released checkpoints' widths and expert counts and 2 or 4 of their layers (fp16, each "
+             "expert's projections their own tensors, as published), exported with `--weight-format fp16` by "
+             "optimum-intel (`text-generation-with-past`) and by this task (validated against PyTorch), one fresh "
+             "process each, then this task's again under a hard memory limit below the checkpoint's size. Memory is "
+             "the process tree's peak, sampled every 0.1 s: anonymous memory (`Pss_Anon`) is what cannot be reclaimed (RSS "
+             "counts the memory-mapped checkpoint's pages, PSS counts a page shared by processes once). Decode: "
+             f"GenAI `LLMPipeline` on the CPU, {PROMPT_TOKENS}-token prompt, {NEW_TOKENS} greedy tokens "
+             f"(`ignore_eos`), median of {ROUNDS} alternating fresh processes per artifact, default properties.", ""]
+    if results.get("note"):
+        lines += [f"Conditions: {results['note']}", ""]
+    lines += ["| model type (released) | layers | experts | checkpoint | optimum-intel: wall, peak anonymous | "
+              "this task: wall, peak anonymous (/ checkpoint) | RSS, PSS | wall ratio | anonymous ratio | "
+              "under a hard limit | decode ms/token: this task, optimum-intel (ratio) | validation |",
+              "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for r in results["rows"]:
+        t, o = r["with_past"], r["shared"]
+        ck = r["checkpoint_bytes"]
+        theirs = (f"{t['wall_s']:.0f} s, {t['peak_anon_mb']:,} MB" if t["completed"]
+                  else f"failed: {t.get('error')} (peak anonymous {t['peak_anon_mb']:,} MB)")
+        if not o["completed"]:
+            lines.append(f"| {r['model_type']} ({r['released']}) | {r['layers']} | {r['experts']} | {_gb(ck)} | {theirs} | "
+                         f"failed: {o.get('error')} | | | | | | |")
+            continue
+        ours = f"{o['wall_s']:.0f} s, {o['peak_anon_mb']:,} MB ({o['peak_anon_mb'] * 2**20 / ck:.2f}x)"
+        wall = f"{o['wall_s'] / t['wall_s']:.2f}x" if t["completed"] else "-"
+        anon = f"{o['peak_anon_mb'] / t['peak_anon_mb']:.2f}x" if t["completed"] else "-"
+        lim = r.get("limited", {})
+        limited = (f"{lim['limit_gib']:g} GiB: skipped ({lim['skipped']})" if "skipped" in lim else
+                   f"{lim['limit_gib']:g} GiB: " + (f"completed, {lim['wall_s']:.0f} s, validation "
+                                                    f"{(lim.get('validation') or {}).get('status')}" if lim.get("completed")
+                                                    else f"failed ({lim.get('error')})")) if lim else "-"
+        d = r.get("decode") or {}
+        dec = "-"
+        if d.get("shared", {}).get("tpot_ms") and d.get("with_past", {}).get("tpot_ms"):
+            a, b = d["shared"]["tpot_ms"], d["with_past"]["tpot_ms"]
+            dec = f"{a:.1f}, {b:.1f} ({a / b:.2f}x; greedy tokens equal {d.get('tokens_equal')}/{NEW_TOKENS})"
+        v = o.get("validation") or {}
+        run_ = v.get("run") or {}
+        lines.append(f"| {r['model_type']} ({r['released']}) | {r['layers']} | {r['experts']} | {_gb(ck)} | {theirs} | "
+                     f"{ours} | {o['peak_rss_mb']:,} MB, {o['peak_pss_mb']:,} MB | {wall} | {anon} | {limited} | {dec} | "
+                     f"{v.get('status')} ({run_.get('parts', 1)} parts) |")
+    slopes = []
+    by_type: dict[str, list] = {}
+    for r in results["rows"]:
+        if r["shared"]["completed"]:
+            by_type.setdefault(r["model_type"], []).append(r)
+    for model_type, rs in by_type.items():
+        rs = sorted(rs, key=lambda r: r["layers"])
+        if len(rs) >= 2:
+            a, b = rs[0], rs[-1]
+            per_layer = (b["shared"]["peak_anon_mb"] - a["shared"]["peak_anon_mb"]) / (b["layers"] - a["layers"])
+            slopes.append(f"{model_type}: {per_layer:+,.0f} MB of peak anonymous memory per layer between "
+                          f"{a['layers']} and {b['layers']} layers (the checkpoint grows "
+                          f"{(b['checkpoint_bytes'] - a['checkpoint_bytes']) / (b['layers'] - a['layers']) / 1e6:,.0f} MB per layer)")
+    if slopes:
+        lines += ["", "Slope with depth: " + "; ".join(slopes) + "."]
+    v = results["versions"]
+    lines += ["", "Versions: " + ", ".join(f"{k} {val}" for k, val in v.items()) + "."]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    if argv is None and sys.argv[1:2] == ["--decode-child"]:
+        print(json.dumps(decode_child(sys.argv[2])))
+        return 0
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--types", nargs="+", default=["qwen3_moe", "qwen2_moe"], choices=list(EXPERTS))
+    parser.add_argument("--layers", nargs="+", type=int, default=[2, 4])
+    parser.add_argument("--workdir", type=Path, default=HERE / "results")
+    parser.add_argument("--docs-dir", type=Path, default=HERE.parent / "docs")
+    parser.add_argument("--keep-models", action="store_true")
+    parser.add_argument("--note", default="", help="the run's conditions, printed on the page")
+    parser.add_argument("--report-only", type=Path, help="re-render docs/benchmarks-moe.md from a results JSON")
+    args = parser.parse_args(argv)
+    results = json.loads(args.report_only.read_text()) if args.report_only else run(args)
+    if not args.report_only:
+        (args.docs_dir / "benchmarks-moe.json").write_text(json.dumps(results, indent=1) + "\n")
+    (args.docs_dir / "benchmarks-moe.md").write_text(render(results))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -364,13 +364,16 @@ def test_the_stored_image_is_one_the_processor_takes_as_it_is(model_type, side, 
 
 def test_mrope_is_transformers_interleaved_mrope():
     """The M-RoPE the language model is traced with (`architectures/qwen3_5.py`) gives transformers' cos and sin,
-    with temporal, height and width positions that differ (image tokens), as the release's sections interleave them."""
+    with temporal, height and width positions that differ (image tokens), as the release's sections interleave them,
+    and as transformers' slicing clips sections wider than the rotary frequencies (its default [11, 11, 10] on 8)."""
     from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5TextRotaryEmbedding
 
     from optimum_shared_graph.architectures.qwen3_5 import _mrope, _mrope_selection
     from optimum_shared_graph.testing import tiny_config
 
-    for section, head_dim in (([1, 1, 0], 16), ([11, 11, 10], 256)):  # the tiny model's and the release's
+    # the tiny model's, the release's, and the release's sections wider than the frequencies (2 of head_dim 16, 8 of
+    # head_dim 64, at the tiny config's partial rotary factor 0.25)
+    for section, head_dim in (([1, 1, 0], 16), ([11, 11, 10], 256), ([11, 11, 10], 16), ([11, 11, 10], 64)):
         config = tiny_config("qwen3_5_text", head_dim=head_dim)
         config.rope_parameters = dict(config.rope_parameters, mrope_section=section)
         rotary = Qwen3_5TextRotaryEmbedding(config)
@@ -380,6 +383,34 @@ def test_mrope_is_transformers_interleaved_mrope():
         got = _mrope(rotary, _mrope_selection(rotary), x, positions)
         for e, g in zip(expected, got):
             assert torch.equal(e, g), section
+
+
+@pytest.mark.slow  # an export through optimum-cli (about 40 s)
+@pytest.mark.timeout(900)
+def test_mrope_sections_wider_than_the_rotary_export_and_validate(tmp_path):
+    """A Qwen3.5-MoE checkpoint with transformers' default M-RoPE sections [11, 11, 10] over a rotary of 8
+    frequencies (PyTorch runs it: its slicing clips each section to the frequencies) exports through optimum-cli and
+    validates against PyTorch on its image and prompt (it stopped at an IndexError in `_mrope_selection`)."""
+    from transformers import AutoConfig
+    from transformers.models.qwen3_5_moe.modeling_qwen3_5_moe import Qwen3_5MoeTextRotaryEmbedding
+
+    from optimum_shared_graph.testing import VLM_PROCESSORS, build_tiny_multimodal
+
+    rope = dict(VLM_PROCESSORS["qwen3_5_moe"]["text"]["rope_parameters"], mrope_section=[11, 11, 10])
+    path, out = tmp_path / "wide", tmp_path / "out"
+    build_tiny_multimodal("qwen3_5_moe", path, processor=True, rope_parameters=rope)
+    text = AutoConfig.from_pretrained(path).text_config
+    assert text.rope_parameters["mrope_section"] == [11, 11, 10]
+    assert Qwen3_5MoeTextRotaryEmbedding(text).inv_freq.shape[0] == 8 < 3 * 10  # every section wider than clipped
+    proc = run_cli("export", "openvino", "-m", str(path), "--task", "image-text-to-text-shared", str(out))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr
+    said = proc.stderr.strip().splitlines()[-1]
+    assert said.startswith(f"image-text-to-text-shared: wrote {out} (shared; dynamic, logits=last, stateful=True); "
+                           "validation: passed (greedy"), said
+    validation = read_manifest(out).validation
+    assert validation["status"] == "passed" and validation["greedy_match"], validation
+    assert validation["vision"]["image_tokens"] == IMAGE_TOKENS["qwen3_5_moe"]
 
 
 def test_registered_and_fix_swapped_in_for_one_export():

@@ -61,13 +61,15 @@ def kv_layer_shapes(config) -> list[tuple[int, int]]:
     """`(kv_heads, head_dim)` of each layer that writes its own KV cache, in order.
 
     The last `num_kv_shared_layers` layers read another layer's keys and values and have no cache of
-    their own. Full-attention layers use `global_head_dim` (when set), and `num_global_key_value_heads`
+    their own, by `Gemma4TextAttention`'s rule: layer i shares when i >= num_hidden_layers -
+    num_kv_shared_layers > 0 (so none shares when `num_kv_shared_layers` exceeds the layers, as PyTorch
+    runs it). Full-attention layers use `global_head_dim` (when set), and `num_global_key_value_heads`
     when `attention_k_eq_v` makes them share one projection for keys and values (`Gemma4TextAttention`).
     """
+    first_shared = config.num_hidden_layers - (config.num_kv_shared_layers or 0)
     layer_types = list(config.layer_types)
-    shared = config.num_kv_shared_layers or 0
-    if shared > 0:
-        layer_types = layer_types[:-shared]
+    if first_shared > 0:
+        layer_types = layer_types[:first_shared]
     shapes = []
     for layer_type in layer_types:
         full = layer_type != "sliding_attention"

@@ -375,19 +375,23 @@ def _vlm_export(model, out):
     return run_cli("export", "openvino", "-m", str(model), *VLM_TASK, str(out))
 
 
-def test_vlm_truncated_weights(tiny_vlm, tmp_path, out_dir):
+@pytest.mark.parametrize("damage, said", [("truncated", "incomplete metadata, file not fully covered"),
+                                           ("garbage", "header too large")])
+def test_vlm_damaged_weights(damage, said, tiny_vlm, tmp_path, out_dir):
+    """A weights file cut at half its size (its header whole, half the tensors' bytes), or not a safetensors file."""
     import shutil
 
-    model = tmp_path / "truncated"
+    model = tmp_path / damage
     shutil.copytree(tiny_vlm, model)
     for weights in model.glob("*.safetensors"):
         data = weights.read_bytes()
-        weights.write_bytes(data[: len(data) // 2])  # the header whole, half the tensors' bytes
+        weights.write_bytes(data[: len(data) // 2] if damage == "truncated" else b"not a safetensors file")
     before = tree_snapshot(out_dir)
     proc = _vlm_export(model, out_dir)
     assert proc.returncode == 2
     line = error_line(proc)
-    assert line.startswith(f"error: cannot load the weights of {model}: SafetensorError") and "re-save" in line, line
+    assert line.startswith(f"error: cannot load the weights of {model}: SafetensorError") and said in line, line
+    assert "re-download or re-save" in line, line
     _assert_unchanged(out_dir, before)
 
 

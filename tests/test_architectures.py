@@ -297,6 +297,24 @@ def test_gemma4_dummy_cache_has_the_layers_pytorch_caches(shared):
                         else config.num_hidden_layers)
 
 
+def test_gemma4_with_more_kv_shared_layers_than_layers_exports_and_validates(tmp_path):
+    """`num_kv_shared_layers` 5 of 4 layers, which PyTorch runs with every layer's own cache: the export (optimum-cli
+    in a subprocess) declares and traces a key and a value per layer, and validates (optimum-intel's config declared
+    none: 'list index out of range' at its conversion)."""
+    import openvino as ov
+
+    from optimum_shared_graph.testing import build_tiny_model
+
+    path, out = tmp_path / "gemma4", tmp_path / "out"
+    build_tiny_model("gemma4_text", path, num_kv_shared_layers=5)
+    proc = run_cli("export", "openvino", "-m", str(path), "--task", "text-generation-shared", str(out))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "validation: passed" in proc.stderr.strip().splitlines()[-1]
+    graph = ov.Core().read_model(out / "openvino_model.xml")
+    states = [op for op in graph.get_ops() if op.get_type_name() == "ReadValue"]
+    assert len(states) == 2 * json.loads((path / "config.json").read_text())["num_hidden_layers"] == 8
+
+
 def _exports_one_graph_with_parity(model_type, path, tmp_path) -> None:
     """`model_type`'s export: one validated graph (with the fix of architectures/ that applies, if any), greedy
     parity through OVModelForCausalLM and GenAI (and GenAI's NPU pipeline for `NPU_PARITY`), then a static export

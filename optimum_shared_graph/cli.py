@@ -3,7 +3,9 @@ which patches optimum-intel's `export openvino` command (the optimum-cli hook ca
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import sys
 import threading
 from pathlib import Path
@@ -111,8 +113,9 @@ def run(command, original_run) -> None:
     try:
         options = options_from_args(args)
         quant = {"weight_format": args.weight_format, "quant_mode": args.quant_mode, "dataset": args.dataset}
-        manifest = pipeline.run_export(args.model, args.output, options, raw_export=raw_export, quantization=quant,
-                              quantization_config=quantization_config)
+        with _interrupts_fail_in_one_line(args.output):
+            manifest = pipeline.run_export(args.model, args.output, options, raw_export=raw_export,
+                                           quantization=quant, quantization_config=quantization_config)
     except SharedGraphError as err:
         if os.environ.get("OPTIMUM_SHARED_GRAPH_DEBUG"):
             raise
@@ -157,8 +160,9 @@ def _run_vlm(command, original_run) -> None:
     try:
         options = options_from_args(args)
         quant = {"weight_format": args.weight_format, "quant_mode": args.quant_mode, "dataset": args.dataset}
-        manifest = vlm.run_vlm_export(args.model, args.output, options, raw_export=raw_export, quantization=quant,
-                                      quantization_config=quantization_config)
+        with _interrupts_fail_in_one_line(args.output):
+            manifest = vlm.run_vlm_export(args.model, args.output, options, raw_export=raw_export,
+                                          quantization=quant, quantization_config=quantization_config)
     except SharedGraphError as err:
         if os.environ.get("OPTIMUM_SHARED_GRAPH_DEBUG"):
             raise
@@ -169,6 +173,36 @@ def _run_vlm(command, original_run) -> None:
 def _fail(message: str) -> None:
     print(f"error: {message}", file=sys.stderr)
     raise SystemExit(2)
+
+
+class _Terminated(KeyboardInterrupt):
+    """SIGTERM, raised in the main thread as Ctrl-C (SIGINT) raises `KeyboardInterrupt`: what handles one (the
+    staging directory's removal, the lock's release) handles both, and no `except Exception` stops it."""
+
+
+@contextlib.contextmanager
+def _interrupts_fail_in_one_line(output):
+    """An export stopped by SIGINT (Ctrl-C) or SIGTERM (`kill`) unwinds as an exception, so the staging directory
+    beside `output` is removed and `output` is left as it was, then ends with one line and exit status 128 + the
+    signal's number (130, 143), no traceback. SIGKILL cannot be caught: its staging directory is removed by the
+    next export into the same place (`convert.remove_dead_staging`)."""
+    def terminated(signum, frame):
+        raise _Terminated()
+
+    main = threading.current_thread() is threading.main_thread()
+    before = signal.signal(signal.SIGTERM, terminated) if main else None
+    try:
+        yield
+    except KeyboardInterrupt as err:
+        if os.environ.get("OPTIMUM_SHARED_GRAPH_DEBUG"):
+            raise
+        signum = signal.SIGTERM if isinstance(err, _Terminated) else signal.SIGINT
+        print(f"error: interrupted by {signum.name}: the export stopped and wrote nothing ({output} is as it was); "
+              "run the command again to export", file=sys.stderr)
+        raise SystemExit(128 + signum) from None
+    finally:
+        if main:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL if before is None else before)
 
 
 _lock = threading.Lock()

@@ -15,7 +15,8 @@ import sys
 
 from .errors import InvalidOptionsError, SharedGraphError
 
-CONSUMERS = ("openvino", "optimum", "runtime", "genai", "continuous-batching", "optimum-vlm", "genai-vlm")
+CONSUMERS = ("openvino", "optimum", "runtime", "genai", "continuous-batching", "optimum-vlm", "genai-vlm",
+             "runtime-vlm")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -26,8 +27,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "call's logits, teacher-forced. genai: OpenVINO GenAI's LLMPipeline (the NPU pipeline on "
                              "--device NPU); continuous-batching: its ContinuousBatchingPipeline; these two compare "
                              "greedy tokens. An image-text-to-text-shared artifact: optimum-vlm "
-                             "(OVModelForVisualCausalLM, teacher-forced) or genai-vlm (GenAI's VLMPipeline, greedy "
-                             "tokens), on the stored image and prompt.")
+                             "(OVModelForVisualCausalLM) or runtime-vlm (optimum_shared_graph.runtime()), "
+                             "teacher-forced, or genai-vlm (GenAI's VLMPipeline, greedy tokens), on the stored image "
+                             "and prompt.")
     parser.add_argument("--device", default="CPU", help="the OpenVINO device (CPU, GPU, NPU, ...). Default: CPU")
     parser.add_argument("--property", "-p", action="append", default=[], metavar="KEY=VALUE", dest="properties",
                         help="a compile property for the consumer (repeat the flag for several), e.g. "

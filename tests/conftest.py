@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import threading
 import sys
 from pathlib import Path
 
@@ -186,6 +187,52 @@ def remote_code_llama(path: Path, module: str, class_name: str, code: str, **con
     (path / "config.json").write_text(json.dumps(config))
     (path / f"{module}.py").write_text(code)
     return path
+
+
+def at_once(calls):
+    """Run each zero-argument call in its own thread, all released together; results (or exceptions) in order."""
+    start = threading.Barrier(len(calls))
+    results = [None] * len(calls)
+
+    def run(i):
+        start.wait()
+        try:
+            results[i] = calls[i]()
+        except Exception as error:  # the test inspects it
+            results[i] = error
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(calls))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return results
+
+
+def declared_runtime_providers() -> dict[str, str]:
+    """The runtime providers setup.cfg declares (entry-point group `optimum_shared_graph.runtimes`): name -> object
+    reference, as the installed distribution's entry points list them once installed."""
+    import configparser
+
+    config = configparser.ConfigParser()
+    config.read(Path(__file__).resolve().parent.parent / "setup.cfg")
+    lines = config["options.entry_points"]["optimum_shared_graph.runtimes"].strip().splitlines()
+    return dict(tuple(part.strip() for part in line.split("=", 1)) for line in lines if line.strip())
+
+
+@pytest.fixture
+def runtime_providers_declared():
+    """Every provider setup.cfg declares is registered: found through the installed entry points, else (an install
+    made before the provider was declared) loaded from setup.cfg's declaration as the entry point would load it."""
+    import importlib.metadata
+
+    from optimum_shared_graph.runtimes import registry
+
+    installed = {p.name for p in registry.installed_providers()}
+    for name, value in declared_runtime_providers().items():
+        if name not in installed:
+            registry.REGISTRY.register(name, importlib.metadata.EntryPoint(name, value, registry.GROUP).load())
+    return {p.name: p for p in registry.installed_providers()}
 
 
 def run_cli(*args: str, check: bool = False, timeout: int = 600) -> subprocess.CompletedProcess:

@@ -313,6 +313,44 @@ def test_seq2seq_tiny_config_sizes_the_decoder(model_type):
         assert key not in config.to_dict(), key  # not a key of these configs
 
 
+@pytest.mark.parametrize("shared", [0, 1, 2, 5])
+def test_gemma4_dummy_cache_has_the_layers_pytorch_caches(shared):
+    """The Gemma 4 fix's dummy cache (`gemma4.kv_layer_shapes`) has one entry per layer that keeps keys and values of
+    its own in the model transformers builds, with that layer's shapes: `num_kv_shared_layers` above the layer count
+    (5 of 4) shares none in PyTorch, which builds and runs it."""
+    from transformers import AutoModelForCausalLM
+
+    from optimum_shared_graph.architectures.gemma4 import kv_layer_shapes
+    from optimum_shared_graph.testing import tiny_config
+
+    config = tiny_config("gemma4_text")
+    config.num_kv_shared_layers = shared
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    own = [layer.self_attn for layer in model.model.layers if not layer.self_attn.is_kv_shared_layer]
+    assert kv_layer_shapes(config) == [(a.k_proj.out_features // a.head_dim, a.head_dim) for a in own]
+    assert len(own) == (config.num_hidden_layers - shared if shared < config.num_hidden_layers
+                        else config.num_hidden_layers)
+
+
+def test_gemma4_with_more_kv_shared_layers_than_layers_exports_and_validates(tmp_path):
+    """`num_kv_shared_layers` 5 of 4 layers, which PyTorch runs with every layer's own cache: the export (optimum-cli
+    in a subprocess) declares and traces a key and a value per layer, and validates (optimum-intel's config declared
+    none: 'list index out of range' at its conversion)."""
+    import openvino as ov
+
+    from optimum_shared_graph.testing import build_tiny_model
+
+    path, out = tmp_path / "gemma4", tmp_path / "out"
+    build_tiny_model("gemma4_text", path, num_kv_shared_layers=5)
+    proc = run_cli("export", "openvino", "-m", str(path), "--task", "text-generation-shared", str(out))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "validation: passed" in proc.stderr.strip().splitlines()[-1]
+    graph = ov.Core().read_model(out / "openvino_model.xml")
+    states = [op for op in graph.get_ops() if op.get_type_name() == "ReadValue"]
+    assert len(states) == 2 * json.loads((path / "config.json").read_text())["num_hidden_layers"] == 8
+
+
 def _exports_one_graph_with_parity(model_type, path, tmp_path) -> None:
     """`model_type`'s export: one validated graph (with the fix of architectures/ that applies, if any), greedy
     parity through OVModelForCausalLM and GenAI (and GenAI's NPU pipeline for `NPU_PARITY`), then a static export

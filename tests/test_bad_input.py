@@ -354,3 +354,126 @@ def test_memory_variable_that_is_not_a_number(tiny_model, out_dir, monkeypatch):
     assert proc.returncode == 2
     assert error_line(proc) == f"error: {MEMORY_ENV}='3GB' is not a number of bytes: set it to an integer or unset it"
     _assert_unchanged(out_dir, before)
+
+
+# ------------------------------------------------------------------------- --task image-text-to-text-shared
+
+VLM_TASK = ["--task", "image-text-to-text-shared"]
+
+
+@pytest.fixture(scope="module")
+def tiny_vlm(tmp_path_factory):
+    """A tiny Qwen3.5-MoE vision-language checkpoint laid out as published, with its processor."""
+    from optimum_shared_graph.testing import build_tiny_multimodal
+
+    path = tmp_path_factory.mktemp("vlm") / "qwen3_5_moe"
+    build_tiny_multimodal("qwen3_5_moe", path, processor=True)
+    return path
+
+
+def _vlm_export(model, out):
+    return run_cli("export", "openvino", "-m", str(model), *VLM_TASK, str(out))
+
+
+@pytest.mark.parametrize("damage, said", [("truncated", "incomplete metadata, file not fully covered"),
+                                           ("garbage", "header too large")])
+def test_vlm_damaged_weights(damage, said, tiny_vlm, tmp_path, out_dir):
+    """A weights file cut at half its size (its header whole, half the tensors' bytes), or not a safetensors file."""
+    import shutil
+
+    model = tmp_path / damage
+    shutil.copytree(tiny_vlm, model)
+    for weights in model.glob("*.safetensors"):
+        data = weights.read_bytes()
+        weights.write_bytes(data[: len(data) // 2] if damage == "truncated" else b"not a safetensors file")
+    before = tree_snapshot(out_dir)
+    proc = _vlm_export(model, out_dir)
+    assert proc.returncode == 2
+    line = error_line(proc)
+    assert line.startswith(f"error: cannot load the weights of {model}: SafetensorError") and said in line, line
+    assert "re-download or re-save" in line, line
+    _assert_unchanged(out_dir, before)
+
+
+def test_vlm_processor_whose_image_token_is_not_the_configs(tiny_vlm, tmp_path, out_dir):
+    """The processor puts `<|image_pad|>` (id 7) where the images go and config.json says the model's image token is
+    9: refused before the weights are read (PyTorch's generate() would find no image token in the processor's
+    prompt, reported as optimum-intel's failure)."""
+    import shutil
+
+    model = tmp_path / "other-token"
+    shutil.copytree(tiny_vlm, model)
+    config = json.loads((model / "config.json").read_text())
+    assert config["image_token_id"] == 7
+    (model / "config.json").write_text(json.dumps({**config, "image_token_id": 9}))
+    before = tree_snapshot(out_dir)
+    proc = _vlm_export(model, out_dir)
+    assert proc.returncode == 2
+    line = error_line(proc)
+    assert line == (f"error: {model}: its processor marks an image with token '<|image_pad|>' (id 7) and its "
+                    "config.json has image_token_id 9, so the model would find no image in the processor's prompts "
+                    "(at export and in every consumer): keep the processor files saved with this checkpoint, or set "
+                    "image_token_id to 7 in config.json if that is the token the model was trained with"), line
+    assert "Loading weights" not in proc.stderr  # stopped before any work
+    _assert_unchanged(out_dir, before)
+
+
+def _vlm_export_stopped(model, out, signum):
+    """The CLI export of `model` into `out`, sent `signum` once optimum-intel's conversion has started (its staging
+    directory has `raw/`): the finished process."""
+    import os
+    import subprocess
+    import time
+
+    from conftest import _optimum_cli
+
+    args = [_optimum_cli(), "export", "openvino", "-m", str(model), *VLM_TASK, str(out)]
+    env = {k: v for k, v in os.environ.items() if k != "OPTIMUM_SHARED_GRAPH_DEBUG"}
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    deadline = time.monotonic() + 300
+    while not list(out.parent.glob(f".{out.name}.*.partial/raw")):
+        assert proc.poll() is None and time.monotonic() < deadline, "the export ended before its conversion was seen"
+        time.sleep(0.05)
+    os.kill(proc.pid, signum)
+    stdout, stderr = proc.communicate(timeout=300)
+    return subprocess.CompletedProcess(args, proc.returncode, stdout, stderr), args
+
+
+@pytest.mark.parametrize("signame, existing", [("SIGTERM", True),
+                                               pytest.param("SIGINT", False, marks=pytest.mark.slow)])
+def test_vlm_export_interrupted_writes_nothing(signame, existing, tiny_vlm, tmp_path):
+    """SIGTERM (`kill`) or SIGINT (Ctrl-C) during optimum-intel's conversion: one line, exit status 128 + the
+    signal's number, no traceback, the output directory as it was (an earlier artifact kept) and no staging
+    directory left beside it."""
+    import signal
+
+    out = tmp_path / "out"
+    if existing:
+        out.mkdir()
+        (out / "shared_graph.json").write_text('{"schema_version": 1}')
+        (out / "openvino_model.xml").write_text("<old/>")
+    before = tree_snapshot(out)
+    signum = getattr(signal, signame)
+    proc, _args = _vlm_export_stopped(tiny_vlm, out, signum)
+    assert proc.returncode == 128 + signum, proc.stderr[-3000:]
+    assert error_line(proc) == (f"error: interrupted by {signame}: the export stopped and wrote nothing ({out} is "
+                                "as it was); run the command again to export")
+    _assert_unchanged(out, before)
+    assert sorted(p.name for p in tmp_path.iterdir()) == (["out"] if existing else [])
+
+
+@pytest.mark.slow  # the conversion started, killed, then a whole export (about 60 s)
+def test_vlm_export_killed_leaves_litter_the_rerun_removes(tiny_vlm, tmp_path):
+    """SIGKILL cannot be caught: the staging directory is left (the output is not created); the next export into the
+    same place removes it and completes."""
+    import signal
+    import subprocess
+
+    out = tmp_path / "out"
+    proc, args = _vlm_export_stopped(tiny_vlm, out, signal.SIGKILL)
+    assert proc.returncode == -signal.SIGKILL
+    assert not out.exists() and len(list(tmp_path.glob(".out.*.partial"))) == 1
+    rerun = subprocess.run(args, capture_output=True, text=True, timeout=900)
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    assert "validation: passed" in rerun.stderr.strip().splitlines()[-1]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]

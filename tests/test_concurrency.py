@@ -12,7 +12,7 @@ import psutil
 import pytest
 import torch
 
-from conftest import EXACT
+from conftest import EXACT, at_once as _at_once
 
 import optimum_shared_graph as osg
 from optimum_shared_graph import RuntimeSelectionError
@@ -52,26 +52,6 @@ def _call(model, tokenizer, prompt, **extra):
     enc = tokenizer(prompt, return_tensors="pt")
     kwargs = dict(max_new_tokens=16, min_new_tokens=16, do_sample=False, pad_token_id=0)
     return model.generate(**enc, **{**kwargs, **extra})
-
-
-def _at_once(calls):
-    """Run each zero-argument call in its own thread, all released together; results (or exceptions) in order."""
-    start = threading.Barrier(len(calls))
-    results = [None] * len(calls)
-
-    def run(i):
-        start.wait()
-        try:
-            results[i] = calls[i]()
-        except Exception as error:  # the test inspects it
-            results[i] = error
-
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(calls))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    return results
 
 
 @pytest.mark.parametrize("kind", ["dynamic", "stateless", "static"])

@@ -77,3 +77,24 @@ def test_a_staging_directory_that_cannot_be_locked_leaves_nothing(tmp_path, monk
             pass
     assert "\n" not in str(info.value)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_export_terminated_during_conversion_writes_nothing(tiny_model, tmp_path):
+    """SIGTERM during optimum-intel's conversion: one line, exit status 143, no traceback, no staging directory left
+    (`cli._interrupts_fail_in_one_line`; tests/test_bad_input.py checks the vision-language task)."""
+    out = tmp_path / "out"
+    args = [_optimum_cli(), "export", "openvino", "-m", str(tiny_model("llama")), "--task", "text-generation-shared",
+            str(out)]
+    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 300
+    while not list(tmp_path.glob(".out.*.partial/raw")):  # optimum-intel's conversion has started
+        assert proc.poll() is None and time.monotonic() < deadline, "the export ended before its conversion was seen"
+        time.sleep(0.05)
+    os.kill(proc.pid, signal.SIGTERM)
+    stderr = proc.communicate(timeout=300)[1]
+    assert proc.returncode == 128 + signal.SIGTERM, stderr[-3000:]
+    assert "Traceback" not in stderr
+    assert [line for line in stderr.splitlines() if line.startswith("error: ")] == [
+        f"error: interrupted by SIGTERM: the export stopped and wrote nothing ({out} is as it was); run the command "
+        "again to export"]
+    assert list(tmp_path.iterdir()) == []

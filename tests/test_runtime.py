@@ -72,6 +72,31 @@ def test_builtin_provider_is_registered_by_the_package_entry_point():
     assert provider.distribution and provider.distribution.startswith("optimum-shared-graph")
 
 
+def test_builtin_vlm_provider_is_declared_by_the_package_entry_point(runtime_providers_declared):
+    """setup.cfg declares the image-text-to-text provider in the same group as the text one; it offers what an
+    image-text-to-text-shared artifact requires (and concurrency), which the text provider does not."""
+    from conftest import declared_runtime_providers
+
+    from optimum_shared_graph.runtimes.visual import VisualProvider
+
+    declared = declared_runtime_providers()
+    assert declared == {"openvino": "optimum_shared_graph.runtimes.openvino:OpenVINOProvider",
+                        "openvino-vlm": "optimum_shared_graph.runtimes.visual:VisualProvider"}
+    provider = runtime_providers_declared["openvino-vlm"]
+    assert isinstance(provider.plugin, VisualProvider)
+    assert {"generation", "image-text-to-text", "concurrent"} <= provider.capabilities
+    assert "image-text-to-text" not in runtime_providers_declared["openvino"].capabilities
+
+
+def test_vlm_provider_refuses_a_text_artifact_in_one_line(runtime_providers_declared, dynamic_artifact):
+    with pytest.raises(RuntimeSelectionError) as info:
+        osg.runtime(dynamic_artifact(), provider="openvino-vlm")
+    message = str(info.value)
+    assert "\n" not in message
+    assert "runs image-text-to-text artifacts" in message and "text-generation-shared artifact" in message
+    assert type(osg.runtime(dynamic_artifact())).__name__.startswith("SharedGraph")  # the text provider still runs it
+
+
 def test_provider_without_generation_is_refused(fake_providers, dynamic_artifact):
     not_generating = _Recorder("static", "stateless", "logits-all")
     fake_providers.append(_EntryPoint("embedder", not_generating, dist_name="embed-only"))

@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import EXACT, break_decode, edited_copy, run_cli, run_cli_in_process
+from conftest import EXACT, at_once, break_decode, edited_copy, run_cli, run_cli_in_process
 
 from optimum_shared_graph import ArtifactValidationError, read_manifest
 
@@ -253,12 +253,18 @@ def test_image_prompt_greedy_parity_through_genai(model_type, vlm):
 @pytest.mark.slow  # the export of the test above (shared by the module's fixture), then about 5 s
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("model_type", VLM_TYPES)
-def test_image_prompt_greedy_parity_through_optimum(model_type, vlm):
+def test_image_prompt_greedy_parity_through_optimum(model_type, vlm, runtime_providers_declared):
+    """OVModelForVisualCausalLM (its generate(); Qwen3.5's forward() stepped greedily, its generate() does not run)
+    and optimum_shared_graph.runtime()'s generate() (Qwen3.5's included) give PyTorch's greedy tokens and prefill
+    logits on both images."""
     from optimum.intel import OVModelForVisualCausalLM
+
+    import optimum_shared_graph as osg
 
     path, out, _proc = vlm(model_type)
     model, runs = _pytorch(path, model_type)
     ov_model = OVModelForVisualCausalLM.from_pretrained(out, ov_config=EXACT)
+    shared = osg.runtime(out, ov_config=EXACT)
     for kind, (enc, reference, logits) in runs.items():
         if model_type.startswith("qwen3_5"):
             tokens, prefill = _optimum_tokens(ov_model, enc, model)
@@ -266,6 +272,46 @@ def test_image_prompt_greedy_parity_through_optimum(model_type, vlm):
             tokens, prefill = _optimum_generate(ov_model, enc)
         assert tokens == reference, kind
         assert np.max(np.abs(prefill - logits)) < 1e-4, kind
+        tokens, prefill = _optimum_generate(shared, enc)
+        assert tokens == reference, (kind, "runtime()")
+        assert np.max(np.abs(prefill - logits)) < 1e-4, (kind, "runtime()")
+
+
+@pytest.mark.slow  # the export of the tests above (the module's fixture), then PyTorch and about 15 s
+@pytest.mark.timeout(900)
+def test_runtime_gives_pytorchs_greedy_tokens_from_several_threads(vlm, runtime_providers_declared):
+    """`optimum_shared_graph.runtime(OUT)` of a Qwen3.5-MoE artifact: its `generate(**processor(images=...,
+    text=...))` gives PyTorch's greedy tokens on two images that give different ones (f32 properties), with
+    Qwen3.5's generation fix applied by the provider (plain `OVModelForVisualCausalLM.generate()` fails on the same
+    inputs); and from 4 threads at once on the one loaded model (two per image), each thread its own tokens."""
+    from optimum.intel import OVModelForVisualCausalLM
+
+    import optimum_shared_graph as osg
+
+    path, out, _proc = vlm("qwen3_5_moe")
+    _model, runs = _pytorch(path, "qwen3_5_moe")  # asserts the two images give PyTorch different tokens
+    generate = dict(max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, do_sample=False, pad_token_id=0)
+    plain = OVModelForVisualCausalLM.from_pretrained(str(out), ov_config=EXACT)
+    # optimum-intel 2.2 under transformers 5.5: it refuses the processor's mm_token_type_ids, and without them its
+    # position preparation calls get_rope_index without them
+    with pytest.raises(ValueError, match="model_kwargs` are not used by the model: \\['mm_token_type_ids'\\]"):
+        plain.generate(**runs["noise"][0], **generate)
+    with pytest.raises(TypeError, match="get_rope_index\\(\\) missing 1 required positional argument: 'mm_token_type_ids'"):
+        plain.generate(**{k: v for k, v in runs["noise"][0].items() if k != "mm_token_type_ids"}, **generate)
+    del plain
+
+    model = osg.runtime(out, ov_config=EXACT)
+    assert isinstance(model.model, OVModelForVisualCausalLM)
+
+    def tokens(kind):
+        enc = runs[kind][0]
+        return model.generate(**enc, **generate)[0, enc["input_ids"].shape[1]:].tolist()
+
+    for kind in IMAGES:
+        assert tokens(kind) == runs[kind][1], kind
+    kinds = [IMAGES[i % 2] for i in range(4)]
+    results = at_once([lambda kind=kind: tokens(kind) for kind in kinds])
+    assert results == [runs[kind][1] for kind in kinds], results
 
 
 @pytest.mark.slow  # the export of the tests above (the module's fixture), then about 10 s
@@ -364,13 +410,16 @@ def test_the_stored_image_is_one_the_processor_takes_as_it_is(model_type, side, 
 
 def test_mrope_is_transformers_interleaved_mrope():
     """The M-RoPE the language model is traced with (`architectures/qwen3_5.py`) gives transformers' cos and sin,
-    with temporal, height and width positions that differ (image tokens), as the release's sections interleave them."""
+    with temporal, height and width positions that differ (image tokens), as the release's sections interleave them,
+    and as transformers' slicing clips sections wider than the rotary frequencies (its default [11, 11, 10] on 8)."""
     from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5TextRotaryEmbedding
 
     from optimum_shared_graph.architectures.qwen3_5 import _mrope, _mrope_selection
     from optimum_shared_graph.testing import tiny_config
 
-    for section, head_dim in (([1, 1, 0], 16), ([11, 11, 10], 256)):  # the tiny model's and the release's
+    # the tiny model's, the release's, and the release's sections wider than the frequencies (2 of head_dim 16, 8 of
+    # head_dim 64, at the tiny config's partial rotary factor 0.25)
+    for section, head_dim in (([1, 1, 0], 16), ([11, 11, 10], 256), ([11, 11, 10], 16), ([11, 11, 10], 64)):
         config = tiny_config("qwen3_5_text", head_dim=head_dim)
         config.rope_parameters = dict(config.rope_parameters, mrope_section=section)
         rotary = Qwen3_5TextRotaryEmbedding(config)
@@ -380,6 +429,34 @@ def test_mrope_is_transformers_interleaved_mrope():
         got = _mrope(rotary, _mrope_selection(rotary), x, positions)
         for e, g in zip(expected, got):
             assert torch.equal(e, g), section
+
+
+@pytest.mark.slow  # an export through optimum-cli (about 40 s)
+@pytest.mark.timeout(900)
+def test_mrope_sections_wider_than_the_rotary_export_and_validate(tmp_path):
+    """A Qwen3.5-MoE checkpoint with transformers' default M-RoPE sections [11, 11, 10] over a rotary of 8
+    frequencies (PyTorch runs it: its slicing clips each section to the frequencies) exports through optimum-cli and
+    validates against PyTorch on its image and prompt (it stopped at an IndexError in `_mrope_selection`)."""
+    from transformers import AutoConfig
+    from transformers.models.qwen3_5_moe.modeling_qwen3_5_moe import Qwen3_5MoeTextRotaryEmbedding
+
+    from optimum_shared_graph.testing import VLM_PROCESSORS, build_tiny_multimodal
+
+    rope = dict(VLM_PROCESSORS["qwen3_5_moe"]["text"]["rope_parameters"], mrope_section=[11, 11, 10])
+    path, out = tmp_path / "wide", tmp_path / "out"
+    build_tiny_multimodal("qwen3_5_moe", path, processor=True, rope_parameters=rope)
+    text = AutoConfig.from_pretrained(path).text_config
+    assert text.rope_parameters["mrope_section"] == [11, 11, 10]
+    assert Qwen3_5MoeTextRotaryEmbedding(text).inv_freq.shape[0] == 8 < 3 * 10  # every section wider than clipped
+    proc = run_cli("export", "openvino", "-m", str(path), "--task", "image-text-to-text-shared", str(out))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr
+    said = proc.stderr.strip().splitlines()[-1]
+    assert said.startswith(f"image-text-to-text-shared: wrote {out} (shared; dynamic, logits=last, stateful=True); "
+                           "validation: passed (greedy"), said
+    validation = read_manifest(out).validation
+    assert validation["status"] == "passed" and validation["greedy_match"], validation
+    assert validation["vision"]["image_tokens"] == IMAGE_TOKENS["qwen3_5_moe"]
 
 
 def test_registered_and_fix_swapped_in_for_one_export():
@@ -531,10 +608,11 @@ def _stored_reference_is_pytorchs(path, out, model_type):
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("model_type", ["qwen3_5", "qwen3_5_moe", "qwen3_vl", "gemma4", "llava_next",
                                         "llava_next_video"])
-def test_validate_through_the_vlm_consumers(model_type, vlm, tmp_path):
-    """`validate()` of the artifact through optimum-vlm (OVModelForVisualCausalLM.generate(), teacher-forced) and
-    genai-vlm (VLMPipeline, greedy) under f32 properties: exact; the same artifact with its language model's decode
-    logits negated fails both, naming the tolerance; a text-generation consumer is refused in one line."""
+def test_validate_through_the_vlm_consumers(model_type, vlm, tmp_path, runtime_providers_declared):
+    """`validate()` of the artifact through optimum-vlm (OVModelForVisualCausalLM.generate(), teacher-forced),
+    runtime-vlm (optimum_shared_graph.runtime(), teacher-forced) and genai-vlm (VLMPipeline, greedy) under f32
+    properties: exact; the same artifact with its language model's decode logits negated fails all three, naming the
+    tolerance; a text-generation consumer is refused in one line."""
     import optimum_shared_graph as osg
     from optimum_shared_graph import ArtifactValidationError
 
@@ -546,18 +624,21 @@ def test_validate_through_the_vlm_consumers(model_type, vlm, tmp_path):
     assert optimum["status"] == "passed" and optimum["rule"] == "fp32" and optimum["terms"] == []
     assert optimum["greedy_match"] and optimum["greedy_tokens"] == calls
     assert optimum["max_abs_diff_prefill"] < 1e-4 and optimum["max_abs_diff_decode"] < 1e-4, optimum
+    runtime = osg.validate(out, consumer="runtime-vlm", properties=EXACT)
+    assert runtime["status"] == "passed" and runtime["rule"] == "fp32" and runtime["greedy_tokens"] == calls
+    assert runtime["max_abs_diff_prefill"] < 1e-4 and runtime["max_abs_diff_decode"] < 1e-4, runtime
     genai = osg.validate(out, consumer="genai-vlm", properties=EXACT)
     assert genai["status"] == "passed" and genai["rule"] == "fp32" and genai["greedy_match"]
     assert genai["compared_tokens"] == [calls] and "not_compared" not in genai, genai
 
     broken = break_decode(out, tmp_path / "broken", "openvino_language_model.xml")
-    for consumer in ("optimum-vlm", "genai-vlm"):
+    for consumer in ("optimum-vlm", "runtime-vlm", "genai-vlm"):
         with pytest.raises(ArtifactValidationError, match=rf"{consumer} on CPU does not reproduce PyTorch: .*"
                                                           r"(above|exceeds) the tolerance 0\.00"):
             osg.validate(broken, consumer=consumer, properties=EXACT)
 
     with pytest.raises(ArtifactValidationError, match=r"is an image-text-to-text-shared artifact, which consumer "
-                                                      r"'genai' does not run .* 'genai-vlm' .* 'optimum-vlm'"):
+                                                      r"'genai' does not run .* 'genai-vlm' .* 'optimum-vlm' .* 'runtime-vlm'"):
         osg.validate(out, consumer="genai")
 
 

@@ -25,7 +25,11 @@ The fix: a dummy cache with one past length for every KV-producing layer (the la
 sizes them), which is what the exported graph holds at run time: a plain per-layer cache that grows by
 the new tokens, the sliding window applied by the attention mask. The patcher passes a `Cache` through
 as it is (legacy tuples still become a `DynamicCache`), computes MoE experts densely with optimum-intel's
-`lfm2_moe_experts_forward` (as its `Gemma4LMModelPatcher` does), and the version cap is lifted. The graph's
+`lfm2_moe_experts_forward` (as its `Gemma4LMModelPatcher` does), and the version cap is lifted. Which layers
+produce KV is `Gemma4TextAttention`'s rule (layer i shares when i >= num_hidden_layers - num_kv_shared_layers > 0),
+for the dummy cache and for the KV inputs and outputs the config declares (`add_past_key_values`): optimum-intel's
+slices `layer_types[:-num_kv_shared_layers]`, which is no layer at all where `num_kv_shared_layers` exceeds the
+layer count, though PyTorch then shares none (its conversion stopped at "list index out of range"). The graph's
 interface is optimum-intel's own (`past_key_values.{i}.key/value` for the KV-producing layers,
 `position_ids`), and every export is validated against PyTorch.
 
@@ -61,13 +65,15 @@ def kv_layer_shapes(config) -> list[tuple[int, int]]:
     """`(kv_heads, head_dim)` of each layer that writes its own KV cache, in order.
 
     The last `num_kv_shared_layers` layers read another layer's keys and values and have no cache of
-    their own. Full-attention layers use `global_head_dim` (when set), and `num_global_key_value_heads`
+    their own, by `Gemma4TextAttention`'s rule: layer i shares when i >= num_hidden_layers -
+    num_kv_shared_layers > 0 (so none shares when `num_kv_shared_layers` exceeds the layers, as PyTorch
+    runs it). Full-attention layers use `global_head_dim` (when set), and `num_global_key_value_heads`
     when `attention_k_eq_v` makes them share one projection for keys and values (`Gemma4TextAttention`).
     """
+    first_shared = config.num_hidden_layers - (config.num_kv_shared_layers or 0)
     layer_types = list(config.layer_types)
-    shared = config.num_kv_shared_layers or 0
-    if shared > 0:
-        layer_types = layer_types[:-shared]
+    if first_shared > 0:
+        layer_types = layer_types[:first_shared]
     shapes = []
     for layer_type in layer_types:
         full = layer_type != "sliding_attention"
@@ -147,9 +153,21 @@ def _patcher(base: type) -> type:
     return Gemma4TextModelPatcher
 
 
+def _add_past_key_values(self, inputs_or_outputs: dict[str, dict[int, str]], direction: str) -> None:
+    """optimum-intel's `Gemma4TextOpenVINOConfig.add_past_key_values` with one key and value per layer of
+    `kv_layer_shapes` (its own slices `layer_types[:-num_kv_shared_layers]`, none when that exceeds the layers)."""
+    if direction not in ("inputs", "outputs"):
+        raise ValueError(f'direction must either be "inputs" or "outputs", but {direction} was given')
+    name = "past_key_values" if direction == "inputs" else "present"
+    sequence = "past_sequence_length" if direction == "inputs" else "past_sequence_length + sequence_length"
+    for i in range(len(kv_layer_shapes(self._normalized_config.config))):
+        inputs_or_outputs[f"{name}.{i}.key"] = {0: "batch_size", 2: sequence}
+        inputs_or_outputs[f"{name}.{i}.value"] = {0: "batch_size", 2: sequence}
+
+
 def export_config(base: type) -> type:
-    """`base` (optimum-intel's `Gemma4TextOpenVINOConfig`) with a consistent dummy cache, a patcher that
-    takes a `Cache`, and no transformers cap."""
+    """`base` (optimum-intel's `Gemma4TextOpenVINOConfig`) with a consistent dummy cache and KV inputs, a patcher
+    that takes a `Cache`, and no transformers cap."""
     from optimum.exporters.openvino.model_patcher import Gemma2ModelPatcher
 
     generator = _past_generator(base.DUMMY_PKV_GENERATOR_CLASS)
@@ -160,6 +178,7 @@ def export_config(base: type) -> type:
                    f"(optimum_shared_graph.architectures.gemma4).",
         "DUMMY_PKV_GENERATOR_CLASS": generator,
         "DUMMY_INPUT_GENERATOR_CLASSES": generators,
+        "add_past_key_values": _add_past_key_values,
         "_MODEL_PATCHER": _patcher(getattr(base, "_MODEL_PATCHER", Gemma2ModelPatcher)),
         "MAX_TRANSFORMERS_VERSION": None,
     })

@@ -120,15 +120,17 @@ VLM_SUMMARY = ("optimum-intel's Qwen3_5OpenVINOConfig without its 5.2.99 cap, it
 
 def _mrope_selection(rotary):
     """(3, F) one-hot: which position axis (temporal, height, width) each rotary frequency takes, as
-    `apply_interleaved_mrope` interleaves them (frequency j of axis d for j in range(d, 3 * section[d], 3))."""
+    `apply_interleaved_mrope` interleaves them: frequency j of axis d for j in `slice(d, 3 * section[d], 3)` of
+    the F frequencies, Python's slicing as transformers applies it (so a section wider than the frequencies is
+    clipped to them, as PyTorch computes it: transformers' default [11, 11, 10] under a smaller rotary dimension)."""
     import torch
 
     frequencies = rotary.inv_freq.shape[0]
     axis = [0] * frequencies
     for dim in (1, 2):
-        for j in range(dim, rotary.mrope_section[dim] * 3, 3):
+        for j in range(frequencies)[slice(dim, int(rotary.mrope_section[dim]) * 3, 3)]:
             axis[j] = dim
-    return torch.nn.functional.one_hot(torch.tensor(axis), 3).T.float()
+    return torch.nn.functional.one_hot(torch.tensor(axis, dtype=torch.long), 3).T.float()
 
 
 def _mrope(rotary, selection, x, position_ids):

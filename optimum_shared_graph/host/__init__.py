@@ -137,20 +137,25 @@ PATCHES: tuple[Patch, ...] = (
     Patch("qwen3_5_generate_fixed",
           "optimum.intel.openvino.modeling_visual_language:_OVQwen3_5ForCausalLM._prepare_position_ids_for_generation",
           "transformers 5.5's M-RoPE positions for generate() (optimum-intel's calls 5.5's get_rope_index without "
-          "mm_token_type_ids)", "proof/vlm_consumers.optimum_vlm (validate(), consumer optimum-vlm)",
+          "mm_token_type_ids)",
+          "proof/vlm.optimum_vlm (validate(), consumer optimum-vlm); runtimes/visual.py (as a subclass's own "
+          "methods: visual_generate.qwen3_5_generate_fixed_class)",
           parameters=("inputs_tensor", "model_kwargs"),
           reached_by=("transformers.generation.utils:GenerationMixin.generate",)),
     Patch("qwen3_5_generate_fixed",
           "optimum.intel.openvino.modeling_visual_language:_OVQwen3_5ForCausalLM.prepare_inputs_for_generation",
           "optimum-intel's, given the cache_position 5.5's generate() no longer passes and each call's own "
           "positions; generate() takes the processor's mm_token_type_ids",
-          "proof/vlm_consumers.optimum_vlm (validate(), consumer optimum-vlm)",
+          "proof/vlm.optimum_vlm (validate(), consumer optimum-vlm); runtimes/visual.py (as a subclass's own "
+          "methods: visual_generate.qwen3_5_generate_fixed_class)",
           parameters=("input_ids", "past_key_values", "attention_mask", "inputs_embeds", "cache_position",
                       "position_ids"),
           reached_by=("transformers.generation.utils:GenerationMixin._sample",)),
     Patch("qwen3_5_generate_fixed", "optimum.intel.openvino.modeling_visual_language:_OVQwen3_5ForCausalLM",
           "Qwen3_5Model.get_vision_position_ids, which transformers 5.5's get_rope_index (borrowed by the class) "
-          "calls", "proof/vlm_consumers.optimum_vlm (validate(), consumer optimum-vlm)",
+          "calls",
+          "proof/vlm.optimum_vlm (validate(), consumer optimum-vlm); runtimes/visual.py (as a subclass's own "
+          "methods: visual_generate.qwen3_5_generate_fixed_class)",
           attribute="get_vision_position_ids",
           reached_by=("transformers.models.qwen3_5.modeling_qwen3_5:Qwen3_5Model.get_rope_index",)),
 )

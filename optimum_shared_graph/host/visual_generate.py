@@ -11,28 +11,28 @@ longer passes, and has no `mm_token_type_ids` parameter (so `generate()` refuses
 (reading the OpenVINO model's `rope_deltas` and `get_rope_index`), `get_vision_position_ids` from `Qwen3_5Model`,
 and optimum-intel's own `prepare_inputs_for_generation` given the `cache_position` (the positions not in the cache
 yet, from the model's past length) and the positions of those tokens only (5.5 extends the whole sequence's).
+
+`qwen3_5_generate_fixed_class(cls)` gives the same three methods to a subclass of its own instead, for one
+model's lifetime (`runtimes/visual.py`): optimum-intel's class is not touched, so other threads' models are not
+affected while it is used.
 """
 
 from __future__ import annotations
 
 import contextlib
-from typing import Iterator
+from typing import Any, Iterator
 
 from ._swap import replaced
 
 TARGET = "optimum.intel.openvino.modeling_visual_language:_OVQwen3_5ForCausalLM"
 
 
-@contextlib.contextmanager
-def qwen3_5_generate_fixed() -> Iterator[None]:
-    """While active, `OVModelForVisualCausalLM.generate()` runs for Qwen3.5 under transformers 5.5 (module
-    docstring); the class's own entries are back on exit."""
+def _fixed_methods(cls: type) -> dict[str, Any]:
+    """The three methods of `cls` (`_OVQwen3_5ForCausalLM` or a subclass) that run `generate()` under 5.5."""
     import torch
-    from optimum.intel.openvino import modeling_visual_language as visual
     from transformers import GenerationMixin
     from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5Model
 
-    cls = visual._OVQwen3_5ForCausalLM
     own = cls.prepare_inputs_for_generation
 
     def _prepare_position_ids_for_generation(self, inputs_tensor, model_kwargs):
@@ -61,8 +61,32 @@ def qwen3_5_generate_fixed() -> Iterator[None]:
             inputs["position_ids"] = position_ids[..., cache_position]  # generate() extends the whole sequence's
         return inputs
 
+    return {"_prepare_position_ids_for_generation": _prepare_position_ids_for_generation,
+            "prepare_inputs_for_generation": prepare_inputs_for_generation,
+            "get_vision_position_ids": Qwen3_5Model.get_vision_position_ids}
+
+
+@contextlib.contextmanager
+def qwen3_5_generate_fixed() -> Iterator[None]:
+    """While active, `OVModelForVisualCausalLM.generate()` runs for Qwen3.5 under transformers 5.5 (module
+    docstring); the class's own entries are back on exit."""
+    from optimum.intel.openvino import modeling_visual_language as visual
+
+    cls = visual._OVQwen3_5ForCausalLM
     with contextlib.ExitStack() as stack:
-        stack.enter_context(replaced(cls, "_prepare_position_ids_for_generation", _prepare_position_ids_for_generation))
-        stack.enter_context(replaced(cls, "prepare_inputs_for_generation", prepare_inputs_for_generation))
-        stack.enter_context(replaced(cls, "get_vision_position_ids", Qwen3_5Model.get_vision_position_ids))
+        for name, method in _fixed_methods(cls).items():
+            stack.enter_context(replaced(cls, name, method))
         yield
+
+
+def qwen3_5_generate_fixed_class(cls: type) -> type:
+    """`cls` (an `OVModelForVisualCausalLM` class) itself, or for Qwen3.5's (`_OVQwen3_5ForCausalLM` and its
+    subclasses) a subclass of it with the three methods of `qwen3_5_generate_fixed` as its own: the same fix for
+    the models of that subclass only, optimum-intel's class unchanged."""
+    from optimum.intel.openvino import modeling_visual_language as visual
+
+    if not issubclass(cls, visual._OVQwen3_5ForCausalLM):
+        return cls
+    return type(cls.__name__, (cls,), {**_fixed_methods(cls), "__module__": __name__,
+                                       "__doc__": f"{cls.__name__} whose generate() runs under transformers 5.5 "
+                                                  f"(see {__name__})."})

@@ -420,6 +420,9 @@ def run_vlm_export(model: str, output_dir, opts: ExportOptions, *, raw_export: C
                 f"{model_type} is not a model type --task {VLM_SHARED_TASK} exports: {not_exported_reason(model_type)} "
                 f"(it exports {', '.join(supported_vlm_types())}); for a text-only export of its language model use "
                 "--task text-generation-shared")
+        from .vlm_reference import check_image_token
+
+        check_image_token(model, config, opts.trust_remote_code)  # the processor's image token is the model's
         # an activation-quantized graph (`--quant-mode`) has int8 weights too
         weight_format = ("int8" if (quantization or {}).get("quant_mode")
                          else (quantization or {}).get("weight_format") or opts.weight_format)

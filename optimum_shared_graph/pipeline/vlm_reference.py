@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..errors import ModelNotSupportedError
 from ..proof.stored import Reference
 from ..proof.vlm import PROMPT, image_side, load_processor, processor_inputs, validation_image
 
@@ -49,6 +50,33 @@ def capture(pt_model, source, new_tokens: int, trust_remote_code: bool = False) 
                      fed=out.sequences[:, prompt:].numpy().astype(np.int64),
                      logits=np.stack([step.float().numpy() for step in out.logits]),
                      image=image, prompt=PROMPT), None
+
+
+def check_image_token(source, config, trust_remote_code: bool = False) -> None:
+    """Refuse, before any work, a checkpoint whose processor marks an image with another token than its
+    configuration's image token id: the model would find no image tokens in the processor's prompts, at export (the
+    reference) and in every consumer, which all take the processor's. Nothing to check where no processor loads.
+
+    Raises:
+        ModelNotSupportedError: the processor's image token id is not the configuration's.
+    """
+    processor, _why = load_processor(source, trust_remote_code)
+    if processor is None:
+        return
+    token = getattr(processor, "image_token", None)
+    marked = getattr(processor, "image_token_id", None)
+    if marked is None and isinstance(token, str) and getattr(processor, "tokenizer", None) is not None:
+        marked = processor.tokenizer.convert_tokens_to_ids(token)
+    key = next((k for k in ("image_token_id", "image_token_index") if k in config.to_dict()), "image_token_id")
+    expected = getattr(config, key, None)
+    if marked is None or expected is None or int(marked) == int(expected):
+        return
+    named = f" {token!r}" if isinstance(token, str) else ""
+    raise ModelNotSupportedError(
+        f"{source}: its processor marks an image with token{named} (id {marked}) and its config.json has {key} "
+        f"{expected}, so the model would find no image in the processor's prompts (at export and in every "
+        f"consumer): keep the processor files saved with this checkpoint, or set {key} to {marked} in config.json "
+        "if that is the token the model was trained with")
 
 
 def to_store(reference: Reference | None, missing: str | None, validation: dict, directory) -> Reference | None:

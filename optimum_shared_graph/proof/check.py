@@ -27,8 +27,9 @@ def validate(path: str | os.PathLike, consumer: str = "openvino", device: str = 
             `"runtime"` (`optimum_shared_graph.runtime()`): teacher-forced, every call's logits compared;
             `"genai"` (OpenVINO GenAI's `LLMPipeline`; its NPU pipeline on device `"NPU"`) or
             `"continuous-batching"` (its `ContinuousBatchingPipeline`): greedy tokens compared. An
-            image-text-to-text-shared artifact: `"optimum-vlm"` (`OVModelForVisualCausalLM`, teacher-forced) or
-            `"genai-vlm"` (GenAI's `VLMPipeline`, greedy tokens), on the stored image and prompt (`proof/vlm.py`).
+            image-text-to-text-shared artifact: `"optimum-vlm"` (`OVModelForVisualCausalLM`) or `"runtime-vlm"`
+            (`optimum_shared_graph.runtime()`), teacher-forced, or `"genai-vlm"` (GenAI's `VLMPipeline`, greedy
+            tokens), on the stored image and prompt (`proof/vlm.py`).
         device: the OpenVINO device (`"CPU"`, `"GPU"`, `"NPU"`, ...).
         properties: compile properties for the consumer (as `ov_config` / `LLMPipeline(**properties)` take them).
             None: the artifact's defaults (its runtime options in the rt_info).

@@ -12,8 +12,8 @@ Greedy consumers (their tokens, from the stored prompt):
 - `genai`: OpenVINO GenAI's `LLMPipeline` (on `"NPU"`, its NPU pipeline);
 - `continuous-batching`: OpenVINO GenAI's `ContinuousBatchingPipeline`.
 
-An image-text-to-text-shared artifact has its own two (`proof/vlm.py`): `optimum-vlm` (teacher-forced) and
-`genai-vlm` (greedy).
+An image-text-to-text-shared artifact has its own three (`proof/vlm.py`): `optimum-vlm` and `runtime-vlm`
+(teacher-forced) and `genai-vlm` (greedy).
 """
 
 from __future__ import annotations
@@ -30,8 +30,8 @@ from .stored import Reference
 TEXT_CONSUMERS = ("openvino", "optimum", "runtime", "genai", "continuous-batching")
 # an image-text-to-text-shared artifact's consumers (`proof/vlm.py`): optimum-intel's OVModelForVisualCausalLM
 # (teacher-forced) and GenAI's VLMPipeline (greedy)
-VLM_CONSUMERS = ("optimum-vlm", "genai-vlm")
-TEACHER_FORCED = ("openvino", "optimum", "runtime", "optimum-vlm")
+VLM_CONSUMERS = ("optimum-vlm", "genai-vlm", "runtime-vlm")
+TEACHER_FORCED = ("openvino", "optimum", "runtime", "optimum-vlm", "runtime-vlm")
 GREEDY = ("genai", "continuous-batching", "genai-vlm")
 CONSUMERS = TEXT_CONSUMERS + VLM_CONSUMERS
 DYNAMIC_ONLY = ("optimum", "genai", "continuous-batching")
@@ -211,7 +211,8 @@ def check_consumer(consumer: str, manifest: Manifest, path: Path) -> None:
     if manifest.task == VLM_SHARED_TASK and consumer not in VLM_CONSUMERS:
         raise ArtifactValidationError(
             f"{path} is an {VLM_SHARED_TASK} artifact, which consumer {consumer!r} does not run (it runs text-generation "
-            "artifacts): validate it with consumer 'genai-vlm' (VLMPipeline) or 'optimum-vlm' (OVModelForVisualCausalLM)")
+            "artifacts): validate it with consumer 'genai-vlm' (VLMPipeline), 'optimum-vlm' (OVModelForVisualCausalLM) or "
+            "'runtime-vlm' (optimum_shared_graph.runtime())")
     if manifest.task != VLM_SHARED_TASK and consumer in VLM_CONSUMERS:
         raise ArtifactValidationError(
             f"{path} is a {manifest.task} artifact, and consumer {consumer!r} runs {VLM_SHARED_TASK} artifacts only: "

@@ -11,6 +11,8 @@ knows a model family: the processor and the consumer do the family's work.
   stored image and prompt (checked to be the stored input ids), its `generate()` with every pick forced to the
   reference's token: each call's logits, teacher-forced. optimum-intel 2.2's `generate()` does not run Qwen3.5
   under transformers 5.5; `host.qwen3_5_generate_fixed` is active while it runs (`host/visual_generate.py`).
+- `runtime-vlm`: `optimum_shared_graph.runtime()` (its image-text-to-text provider, `runtimes/visual.py`), fed as
+  `optimum-vlm` is and teacher-forced the same way; the provider applies Qwen3.5's fix itself.
 - `genai-vlm`: OpenVINO GenAI's `VLMPipeline`, given the stored image and prompt as a user gives them (its own
   image preprocessing and chat template): its greedy tokens. A pipeline that takes text cannot be restarted from
   the reference's token ids after a pick that differs at a near-tie (`judge.judge_tokens`): it is restarted from
@@ -120,6 +122,16 @@ def optimum_vlm(path: Path, manifest: Manifest, reference: Reference, device: st
     return outputs, _compiled_precision(model.language_model.request.get_compiled_model())
 
 
+def runtime_vlm(path: Path, manifest: Manifest, reference: Reference, device: str, properties: dict):
+    """`optimum_shared_graph.runtime()`'s `generate()`, every pick forced to the reference's: each call's raw logits."""
+    from ..runtimes.registry import runtime
+
+    inputs = _inputs(path, reference)
+    model = runtime(path, device, ov_config=dict(properties))
+    outputs = forced_generate(model, reference, **inputs)
+    return outputs, _compiled_precision(model.language_model.request.get_compiled_model())
+
+
 def genai_vlm(path: Path, manifest: Manifest, reference: Reference, device: str, properties: dict):
     """`openvino_genai.VLMPipeline`: `generate(row, start)` as `judge.judge_tokens` calls it."""
     import openvino as ov
@@ -181,7 +193,7 @@ def _restarts(path: Path, tokenizer, reference: Reference):
     return restart
 
 
-RUNNERS = {"optimum-vlm": optimum_vlm, "genai-vlm": genai_vlm}
+RUNNERS = {"optimum-vlm": optimum_vlm, "genai-vlm": genai_vlm, "runtime-vlm": runtime_vlm}
 
 
 def run(consumer: str, path: Path, manifest: Manifest, reference: Reference, device: str, properties: dict):

@@ -1,6 +1,6 @@
 """The built-in OpenVINO runtime provider: artifacts as models with transformers' `generate()` API.
 
-Registered through the package's entry point (`pyproject.toml`), like any other provider. The model
+Registered through the package's entry point (`setup.cfg`), like any other provider. The model
 is optimum-intel's `OVModelForCausalLM` (so greedy, sampling, beam search, streamers and
 `pipeline("text-generation")` behave as they do there) with what this package's artifacts add:
 

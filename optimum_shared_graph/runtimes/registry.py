@@ -1,7 +1,8 @@
 """`runtime()`: read and check an artifact, then hand it to a runtime provider that can run it (see docs/runtime.md).
 
 Providers are found through the entry-point group `optimum_shared_graph.runtimes`. The package's
-own OpenVINO provider is registered there by its `pyproject.toml`, like any third-party one. An
+own providers (OpenVINO for text-generation artifacts, `openvino-vlm` for image-text-to-text ones) are registered
+there by its `setup.cfg`, like any third-party one. An
 entry point names an object (a class is instantiated without arguments) with:
 
 - `capabilities`: the capabilities it offers, a subset of `CAPABILITIES` (and any future names);
@@ -30,8 +31,9 @@ GROUP = "optimum_shared_graph.runtimes"
 # What a provider can declare. `generation`: runs the decoder graph token by token for generate();
 # `static`: static-shape graphs; `stateless`: KV cache as graph inputs/outputs; `logits-all`:
 # graphs with logits for every position (assisted decoding); `concurrent`: its model's generate() may
-# be called from several threads at once (without it, runtime() makes the calls take turns).
-CAPABILITIES = ("generation", "static", "stateless", "logits-all", "concurrent")
+# be called from several threads at once (without it, runtime() makes the calls take turns);
+# `image-text-to-text`: optimum-intel's vision-language layout (`--task image-text-to-text-shared`).
+CAPABILITIES = ("generation", "static", "stateless", "logits-all", "concurrent", "image-text-to-text")
 
 
 @dataclass(frozen=True)

@@ -50,6 +50,10 @@ def _export_wall(text: str) -> str:
     return re.search(r"^\| qwen3-4b \| shared wall \| ([0-9.]+x) \|", text, re.M)[1]
 
 
+def _moe(text: str) -> str:
+    return re.search(r"^\| qwen3_moe \([^)]*\) \| 2 \| \d+ \| [^|]+ \| [^|]+ \| [^|(]+\(([0-9.]+x)\) \|", text, re.M)[1]
+
+
 # a row's `what` starts with one of these: how its figure is read from its page
 READERS = {
     "model types of optimum-intel's": _architectures,
@@ -59,6 +63,7 @@ READERS = {
     "fp16 artifact at a 1,024-token prompt": _fp16,
     "smallest memory limit under which a validated fp16 export": _memory,
     "wall time of a validated fp16 export": _export_wall,
+    "peak anonymous memory of a validated fp16 export of a mixture of experts": _moe,
 }
 
 

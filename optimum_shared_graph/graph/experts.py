@@ -15,6 +15,8 @@ where `graph/parts.py` can cut.
 
 from __future__ import annotations
 
+from .parts import _key
+
 # The CPU plugin's anonymous memory per IR byte of a `GatherMatmul`'s 16-bit expert weights under f32 properties,
 # compiled and run (measured at Qwen3-30B-A3B's widths: parts of 95 MB of expert ranges peaked 0.32-0.41 GB above
 # the process; it holds them in float32, and repacked).
@@ -23,10 +25,6 @@ EXPERTS_COMPILED_PER_BYTE = 4.0
 # operations a block may hold between its input and its sum, each computed per expert along axis 0
 _PER_EXPERT = {"MatMul", "Multiply", "Add", "Subtract", "Swish", "Sigmoid", "Gelu", "Relu", "Clamp", "Convert",
                "Reshape"}  # a Reshape only where it keeps the shape (`_same_shape`): the form the CPU plugin fuses
-
-
-def _key(node) -> int:
-    return node.get_instance_id()
 
 
 def _experts_axis(output) -> int | None:
@@ -70,8 +68,8 @@ def _is_sum_over_experts(op) -> bool:
 
 def blocks(model) -> list[tuple[object, list, list]]:
     """Each MoE block of `model`: (its ReduceSum, its operations in order, the Constants of its expert weights)."""
-    found = []
-    for op in model.get_ordered_ops():
+    found, ordered = [], list(model.get_ordered_ops())
+    for op in ordered:
         if not _is_sum_over_experts(op):
             continue
         source = op.input(0).get_source_output()
@@ -97,7 +95,7 @@ def blocks(model) -> list[tuple[object, list, list]]:
                     stack.append(src.get_node())
         if ok and weights and all(len(w.get_output_shape(0)) == 3 and w.get_output_shape(0)[0] == experts
                                   for w in weights):
-            order = [n for n in model.get_ordered_ops() if _key(n) in inside]
+            order = [n for n in ordered if _key(n) in inside]
             found.append((op, order, weights))
     return found
 
@@ -214,7 +212,6 @@ def _rebuilt(node, args, ops):
 
 
 def _operation(kind, node, args, ops):
-
     attrs = node.get_attributes()
     if kind == "MatMul":
         return ops.matmul(args[0], args[1], attrs["transpose_a"], attrs["transpose_b"])

@@ -15,12 +15,15 @@ where `graph/parts.py` can cut.
 
 from __future__ import annotations
 
-from .parts import _key
-
 # The CPU plugin's anonymous memory per IR byte of a `GatherMatmul`'s 16-bit expert weights under f32 properties,
 # compiled and run (measured at Qwen3-30B-A3B's widths: parts of 95 MB of expert ranges peaked 0.32-0.41 GB above
 # the process; it holds them in float32, and repacked).
 EXPERTS_COMPILED_PER_BYTE = 4.0
+
+def _key(node) -> int:
+    """A node's identity, as `graph/parts.py` keys it (which imports this module: no import back)."""
+    return node.get_instance_id()
+
 
 # operations a block may hold between its input and its sum, each computed per expert along axis 0
 _PER_EXPERT = {"MatMul", "Multiply", "Add", "Subtract", "Swish", "Sigmoid", "Gelu", "Relu", "Clamp", "Convert",

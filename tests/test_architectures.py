@@ -222,6 +222,36 @@ def _file_mapped(tensor, path) -> bool:
 
 
 @pytest.mark.timeout(600)
+@pytest.mark.parametrize("model_type", ["deepseek_v2", "deepseek_v3", "lfm2_moe", "qwen3_next", "mixtral"])
+def test_moe_experts_of_every_per_expert_checkpoint_load_as_stored_and_fuse(model_type, tiny_model, tmp_path):
+    """The other families whose checkpoints store each expert's projections (some with fix modules of their own,
+    which compose with `moe_experts`): loaded memory-mapped, the export validated, and three `GatherMatmul`s per MoE
+    layer in the CPU plugin's compiled graph."""
+    import openvino as ov
+    from transformers import AutoModelForCausalLM
+
+    from optimum_shared_graph.architectures import moe_experts
+
+    if architectures.fix_module(model_type) is None:
+        pytest.skip("the installed transformers is outside the fix's range")
+    model = tiny_model(model_type)
+    with moe_experts.while_exporting(model_type, tmp_path / "scratch"):
+        loaded = AutoModelForCausalLM.from_pretrained(model, dtype="auto")
+    stored = [m for m in loaded.modules() if isinstance(m, moe_experts.StoredExperts)]
+    assert stored
+    weights = [getattr(expert, name).weight for experts in stored for expert in experts for name in experts.names]
+    assert all(_file_mapped(w, (model / "model.safetensors").resolve()) for w in weights)
+    del loaded, weights
+
+    manifest = osg.export(str(model), tmp_path / "ov", quiet=True)
+    assert manifest.validation["status"] == "passed" and manifest.validation["greedy_match"]
+    assert not [p.name for p in tmp_path.iterdir() if p.name.startswith(".")]  # no staging directory left
+    compiled = ov.Core().compile_model(tmp_path / "ov" / "openvino_model.xml", "CPU")
+    kinds = [op.get_rt_info()["layerType"].astype(str) for op in compiled.get_runtime_model().get_ops()]
+    assert kinds.count("GatherMatmul") == 3 * len(stored), sorted(set(kinds))
+
+
+@pytest.mark.timeout(600)
 def test_moe_experts_load_memory_mapped_and_run_only_the_routed_ones_on_a_cpu(tiny_model, tmp_path):
     """architectures/moe_experts.py: while the export loads a Qwen3-MoE checkpoint, each expert's projections are the
     checkpoint's own tensors, memory-mapped from its safetensors file (transformers 5 alone fuses them into new

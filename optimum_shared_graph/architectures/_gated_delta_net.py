@@ -30,6 +30,7 @@ from __future__ import annotations
 import types
 from typing import Any, Callable
 
+from . import moe_experts
 from ._states import AttentionStates, StatesForward, layers_of, use_recurrent_cell
 
 
@@ -152,7 +153,9 @@ def patcher_class() -> type:
                     attn._orig_recurrent_gated_delta_rule = attn.recurrent_gated_delta_rule
                     attn.recurrent_gated_delta_rule = patched_recurrent_gated_delta_rule
                     attn.recurrent_attention_cell = RecurrentAttentionCell()
-                if moe_classes and isinstance(layer.mlp, moe_classes):
+                # a block whose experts are loaded as stored keeps its own forward (`moe_experts` traces them)
+                if moe_classes and isinstance(layer.mlp, moe_classes) \
+                        and not isinstance(layer.mlp.experts, moe_experts.StoredExperts):
                     layer.mlp._orig_forward = layer.mlp.forward
                     layer.mlp.forward = types.MethodType(patched_qwen3_5_moe_sparse_moe_block, layer.mlp)
 

@@ -35,15 +35,26 @@ calls `self.gate` on the float32 hidden states (the same float32 product of the 
 
 from __future__ import annotations
 
+from . import moe_experts
+
 MODEL_TYPES = ("deepseek_v2", "deepseek_v3")
 TRANSFORMERS = ">=5.5"
 SUMMARY = ("optimum-intel's Deepseek export config with a plain decoder patcher (the native transformers 5.5 MLA "
            "attention traces as it is; DeepseekPatcher's forwards are for the remote-code modules) and the routed "
-           "experts on optimum-intel's ov_batched_mm (grouped_mm does not convert)")
+           "experts loaded as the checkpoint stores them, traced stacked (moe_experts; grouped_mm does not convert)")
 
 
 def export_config(base: type) -> type:
-    """optimum-intel's Deepseek export config `base`, uncapped, with `DeepseekNativePatcher` as its patcher."""
+    """optimum-intel's Deepseek export config `base`, uncapped, with `DeepseekNativePatcher` as its patcher, the
+    experts traced as the checkpoint stores them (`moe_experts`)."""
+    return moe_experts.export_config(_native_config(base))
+
+
+# the experts load as the checkpoint stores them, memory-mapped (`moe_experts`)
+while_exporting = moe_experts.while_exporting
+
+
+def _native_config(base: type) -> type:
     from optimum.exporters.openvino.model_patcher import OVDecoderModelPatcher, register_ov_batched_mm
 
     class DeepseekNativePatcher(OVDecoderModelPatcher):

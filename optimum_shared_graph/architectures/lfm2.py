@@ -40,6 +40,7 @@ from __future__ import annotations
 import types
 from typing import Any
 
+from . import moe_experts
 from ._states import AttentionStates, StatesForward, layers_of
 
 MODEL_TYPES = ("lfm2", "lfm2_moe")
@@ -135,7 +136,8 @@ def _patcher_class() -> type:
             """LFM2-MoE's `Lfm2MoeExperts` modules (none in LFM2)."""
             kinds = _module_classes("Experts")
             return [layer.feed_forward.experts for layer in self._model.model.layers
-                    if isinstance(getattr(layer.feed_forward, "experts", None), kinds)]
+                    if isinstance(getattr(layer.feed_forward, "experts", None), kinds)
+                    and not isinstance(layer.feed_forward.experts, moe_experts.StoredExperts)]
 
         def patch_modules(self):
             from optimum.exporters.openvino.model_patcher import lfm2_moe_experts_forward
@@ -154,7 +156,19 @@ def _patcher_class() -> type:
 
 def export_config(base: type) -> type:
     """optimum-intel's `LFM2OpenVINOConfig` / `LFM2MoeOpenVINOConfig` without the 5.4.0 cap, patching the model for
-    transformers 5.5."""
+    transformers 5.5; LFM2-MoE's experts traced as the checkpoint stores them (`moe_experts`)."""
+    return moe_experts.export_config(_config(base))  # its patcher changes nothing in LFM2, which has no experts
+
+
+def while_exporting(model_type: str, scratch=None):
+    """LFM2-MoE's experts load as the checkpoint stores them (`moe_experts`); LFM2 has none."""
+    import contextlib
+
+    return moe_experts.while_exporting(model_type, scratch) if model_type in moe_experts.FAMILIES \
+        else contextlib.nullcontext()
+
+
+def _config(base: type) -> type:
     return type(base.__name__, (base,), {
         "__doc__": f"{base.__name__} for transformers 5.5 (see {__name__}).",
         "__module__": __name__,

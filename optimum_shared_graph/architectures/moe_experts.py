@@ -36,6 +36,8 @@ from typing import Iterator, Self
 
 import torch
 
+# the types whose only fix is this one (deepseek_v2/v3, lfm2_moe and qwen3_next have fix modules of their own,
+# whose export configs and loads go through `export_config` and `while_exporting` here too)
 MODEL_TYPES = ("qwen3_moe", "qwen2_moe", "mixtral", "phimoe")
 TRANSFORMERS = ">=5.0"  # the release that fuses experts at load (written and tested under 5.5)
 SUMMARY = ("the experts loaded as the checkpoint stores them (memory-mapped, not fused into new tensors), the routed "
@@ -49,6 +51,13 @@ FAMILIES: dict[str, tuple[str, str, tuple[str, str, str]]] = {
                   ("gate_proj", "up_proj", "down_proj")),
     "mixtral": ("transformers.models.mixtral.modeling_mixtral", "MixtralExperts", ("w1", "w3", "w2")),
     "phimoe": ("transformers.models.phimoe.modeling_phimoe", "PhimoeExperts", ("w1", "w3", "w2")),
+    "deepseek_v2": ("transformers.models.deepseek_v2.modeling_deepseek_v2", "DeepseekV2Experts",
+                    ("gate_proj", "up_proj", "down_proj")),
+    "deepseek_v3": ("transformers.models.deepseek_v3.modeling_deepseek_v3", "DeepseekV3NaiveMoe",
+                    ("gate_proj", "up_proj", "down_proj")),
+    "lfm2_moe": ("transformers.models.lfm2_moe.modeling_lfm2_moe", "Lfm2MoeExperts", ("w1", "w3", "w2")),
+    "qwen3_next": ("transformers.models.qwen3_next.modeling_qwen3_next", "Qwen3NextExperts",
+                   ("gate_proj", "up_proj", "down_proj")),
 }
 
 
@@ -77,10 +86,12 @@ class StoredExperts(torch.nn.ModuleList):
         from transformers.activations import ACT2FN
 
         intermediate = getattr(config, "moe_intermediate_size", None) or config.intermediate_size
-        experts = getattr(config, "num_experts", None) or config.num_local_experts
+        experts = (getattr(config, "num_experts", None) or getattr(config, "num_local_experts", None)
+                   or config.n_routed_experts)
         super().__init__([_Expert(config.hidden_size, intermediate, self.names) for _ in range(experts)])
         self.num_experts = experts
-        self.__dict__["act_fn"] = ACT2FN[config.hidden_act]  # not a child: the list holds the experts only
+        # not a child: the list holds the experts only (LFM2-MoE's config names no activation: its experts' SiLU)
+        self.__dict__["act_fn"] = ACT2FN[getattr(config, "hidden_act", None) or "silu"]
         # no tensors of its own: transformers' initialisation of the fused class (whose name this class takes during
         # the load) would look for them; each expert's projections are initialised, where missing, as any nn.Linear
         self._is_hf_initialized = True

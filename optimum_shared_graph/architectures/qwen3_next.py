@@ -19,6 +19,8 @@ before every linear-attention layer from the graph's attention mask, as transfor
 
 from __future__ import annotations
 
+from . import moe_experts
+
 MODEL_TYPES = ("qwen3_next",)
 TRANSFORMERS = ">=5.5"
 SUMMARY = ("optimum-intel's Qwen3NextModelPatcher graph with a state holder for transformers 5.5's cache "
@@ -46,9 +48,14 @@ def _patcher_class() -> type:
 
 
 def export_config(base: type) -> type:
-    """optimum-intel's `Qwen3NextOpenVINOConfig` without its 4.57.6 cap, patching the model for transformers 5.5."""
-    return type(base.__name__, (base,), {
+    """optimum-intel's `Qwen3NextOpenVINOConfig` without its 4.57.6 cap, patching the model for transformers 5.5,
+    its experts traced as the checkpoint stores them (`moe_experts`)."""
+    return moe_experts.export_config(type(base.__name__, (base,), {
         "__doc__": f"{base.__name__} with a patcher for transformers 5.5 (see {__name__}).",
         "MAX_TRANSFORMERS_VERSION": None,
         "_MODEL_PATCHER": _patcher_class(),
-    })
+    }))
+
+
+# the experts load as the checkpoint stores them, memory-mapped (`moe_experts`)
+while_exporting = moe_experts.while_exporting

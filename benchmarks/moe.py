@@ -36,7 +36,10 @@ from memory import Limit, cgroup_available  # noqa: E402
 
 # the released checkpoints' expert counts (the released-width configs of `released.py` keep fewer, for coverage)
 EXPERTS = {"qwen3_moe": ("num_experts", 128), "qwen2_moe": ("num_experts", 60), "mixtral": ("num_local_experts", 8),
-           "phimoe": ("num_local_experts", 16)}
+           "phimoe": ("num_local_experts", 16), "deepseek_v2": ("n_routed_experts", 64),
+           "deepseek_v3": ("n_routed_experts", 64), "lfm2_moe": ("num_experts", 32), "qwen3_next": ("num_experts", 512),
+           "qwen3_5_moe_text": ("num_experts", 256), "gpt_oss": ("num_local_experts", 32),
+           "granitemoe": ("num_local_experts", 40), "granitemoehybrid": ("num_local_experts", 64)}
 PROMPT_TOKENS, NEW_TOKENS, ROUNDS = 32, 32, 3
 
 
@@ -51,7 +54,7 @@ def build(model_type: str, layers: int, out: Path) -> dict:
                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     config = json.loads((out / "config.json").read_text())
     return {"model_type": model_type, "layers": layers, "released": _released(model_type),
-            "hidden_size": config["hidden_size"], "experts": config.get("num_experts") or config.get("num_local_experts"),
+            "hidden_size": config["hidden_size"], "experts": config.get("num_experts") or config.get("num_local_experts") or config.get("n_routed_experts"),
             "expert_intermediate": config.get("moe_intermediate_size") or config["intermediate_size"],
             "vocab_size": config["vocab_size"],
             "checkpoint_bytes": sum(p.stat().st_size for p in out.glob("*.safetensors"))}

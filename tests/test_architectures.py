@@ -222,10 +222,11 @@ def _file_mapped(tensor, path) -> bool:
 
 
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize("model_type", ["deepseek_v2", "deepseek_v3", "lfm2_moe", "qwen3_next", "mixtral"])
+@pytest.mark.parametrize("model_type", ["deepseek_v2", "deepseek_v3", "lfm2_moe", "qwen3_next", "mixtral",
+                                        "qwen3_5_moe_text"])
 def test_moe_experts_of_every_per_expert_checkpoint_load_as_stored_and_fuse(model_type, tiny_model, tmp_path):
-    """The other families whose checkpoints store each expert's projections (some with fix modules of their own,
-    which compose with `moe_experts`): loaded memory-mapped, the export validated, and three `GatherMatmul`s per MoE
+    """The other families whose checkpoints store each expert's projections, or (Qwen3.5-MoE) each layer's experts
+    fused (some with fix modules of their own, which compose with `moe_experts`): loaded memory-mapped, the export validated, and three `GatherMatmul`s per MoE
     layer in the CPU plugin's compiled graph."""
     import openvino as ov
     from transformers import AutoModelForCausalLM
@@ -239,7 +240,7 @@ def test_moe_experts_of_every_per_expert_checkpoint_load_as_stored_and_fuse(mode
         loaded = AutoModelForCausalLM.from_pretrained(model, dtype="auto")
     stored = [m for m in loaded.modules() if isinstance(m, moe_experts.StoredExperts)]
     assert stored
-    weights = [getattr(expert, name).weight for experts in stored for expert in experts for name in experts.names]
+    weights = [w for experts in stored for e in range(experts.num_experts) for w in experts._projections(e)]
     assert all(_file_mapped(w, (model / "model.safetensors").resolve()) for w in weights)
     del loaded, weights
 

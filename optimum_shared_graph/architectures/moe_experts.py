@@ -43,7 +43,11 @@ TRANSFORMERS = ">=5.0"  # the release that fuses experts at load (written and te
 SUMMARY = ("the experts loaded as the checkpoint stores them (memory-mapped, not fused into new tensors), the routed "
            "ones computed one at a time for the capture, and converted from one stacked copy in an unlinked file")
 
-# model type -> (transformers' modeling module, its experts class, the checkpoint's gate, up and down projections)
+FUSED = ("gate_up_proj", "down_proj")  # a checkpoint's fused experts tensors, `[experts, 2 x inner, hidden]` and
+# `[experts, hidden, inner]`
+
+# model type -> (transformers' modeling module, its experts class, the checkpoint's gate, up and down projections,
+# or `FUSED`)
 FAMILIES: dict[str, tuple[str, str, tuple[str, str, str]]] = {
     "qwen3_moe": ("transformers.models.qwen3_moe.modeling_qwen3_moe", "Qwen3MoeExperts",
                   ("gate_proj", "up_proj", "down_proj")),
@@ -58,6 +62,9 @@ FAMILIES: dict[str, tuple[str, str, tuple[str, str, str]]] = {
     "lfm2_moe": ("transformers.models.lfm2_moe.modeling_lfm2_moe", "Lfm2MoeExperts", ("w1", "w3", "w2")),
     "qwen3_next": ("transformers.models.qwen3_next.modeling_qwen3_next", "Qwen3NextExperts",
                    ("gate_proj", "up_proj", "down_proj")),
+    # a checkpoint that stores each layer's experts fused (`experts.gate_up_proj`, `experts.down_proj`), as
+    # transformers 5 holds them: loaded memory-mapped as they are (`FusedStoredExperts`)
+    "qwen3_5_moe_text": ("transformers.models.qwen3_5_moe.modeling_qwen3_5_moe", "Qwen3_5MoeExperts", FUSED),
 }
 
 
@@ -118,6 +125,30 @@ class StoredExperts(torch.nn.ModuleList):
         return final
 
 
+class FusedStoredExperts(StoredExperts):
+    """A MoE layer's experts as a checkpoint stores them fused (`experts.gate_up_proj` `[experts, 2 x inner,
+    hidden]`, `experts.down_proj` `[experts, hidden, inner]`), loaded memory-mapped as they are: each expert's
+    projections are views of them, computed and stacked for the trace as `StoredExperts`' are."""
+
+    names = FUSED
+
+    def __init__(self, config):
+        from transformers.activations import ACT2FN
+
+        torch.nn.ModuleList.__init__(self)
+        inner, experts = config.moe_intermediate_size, config.num_experts
+        self.gate_up_proj = torch.nn.Parameter(torch.empty(experts, 2 * inner, config.hidden_size))
+        self.down_proj = torch.nn.Parameter(torch.empty(experts, config.hidden_size, inner))
+        self.num_experts = experts
+        self.__dict__["act_fn"] = ACT2FN[config.hidden_act]
+        self._is_hf_initialized = True
+
+    def _projections(self, expert: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        gate_up = self.gate_up_proj[expert]
+        inner = gate_up.shape[0] // 2
+        return gate_up[:inner], gate_up[inner:], self.down_proj[expert]
+
+
 def stacked_forward(self, hidden_states, top_k_index, top_k_weights):
     """The traced form: optimum-intel's `lfm2_moe_experts_forward` (every expert on every token, weighted by the
     scattered top-k gates) over the stacked projections, gate and up apart (no chunk for OpenVINO to fold)."""
@@ -158,7 +189,8 @@ def _batched_linear(self, x: torch.Tensor) -> torch.Tensor:
 
 def _experts_class(model_type: str) -> type:
     names = FAMILIES[model_type][2]
-    return type(f"Stored{FAMILIES[model_type][1]}", (StoredExperts,), {"names": names, "__module__": __name__})
+    base = FusedStoredExperts if names == FUSED else StoredExperts
+    return type(f"Stored{FAMILIES[model_type][1]}", (base,), {"names": names, "__module__": __name__})
 
 
 _scratch: list[Path | None] = []  # where the conversion's stacked experts are written (the export's staging directory)

@@ -29,6 +29,8 @@ GenAI's CPU pipeline feed `position_ids` only to a graph that has it.
 
 from __future__ import annotations
 
+from . import moe_experts
+
 MODEL_TYPES = ("qwen3_5_text", "qwen3_5_moe_text")
 TRANSFORMERS = ">=5.5"
 SUMMARY = ("optimum-intel's Qwen3_5ModelPatcher graph with a state holder for transformers 5.5's cache "
@@ -101,12 +103,20 @@ def export_config(base: type) -> type:
         declared.pop("position_ids", None)  # never read by the graph (see the module docstring)
         return declared
 
-    return type(base.__name__, (base,), {
+    return moe_experts.export_config(type(base.__name__, (base,), {
         "__doc__": f"{base.__name__} with a patcher for transformers 5.5 (see {__name__}).",
         "MAX_TRANSFORMERS_VERSION": None,
         "_MODEL_PATCHER": _patcher_class(),
         "inputs": property(inputs),
-    })
+    }))  # the MoE variant's experts traced as loaded (`moe_experts`); nothing changes for the dense one
+
+
+def while_exporting(model_type: str, scratch=None):
+    """The MoE variant's experts load memory-mapped as the checkpoint stores them (`moe_experts`)."""
+    import contextlib
+
+    return moe_experts.while_exporting(model_type, scratch) if model_type in moe_experts.FAMILIES \
+        else contextlib.nullcontext()
 
 
 # The whole multimodal model (`--task image-text-to-text-shared`): optimum-intel's Qwen3.5 image-text-to-text

@@ -47,10 +47,8 @@ def dense_moe_forward(self, layer_input):
     gates = torch.zeros(num_tokens, num_experts, dtype=tokens.dtype, device=tokens.device)
     gates = gates.scatter(1, top_k_indices, top_k_gates)  # [tokens, experts]
     tiled = tokens.repeat(num_experts, 1).view(num_experts, -1, width)  # [experts, tokens, hidden]
-    gate_weight, up_weight = self.input_linear.weight.chunk(2, dim=-2)  # [experts, inner, hidden] each
-    gate = torch.bmm(tiled, gate_weight.transpose(1, 2))
-    up = torch.bmm(tiled, up_weight.transpose(1, 2))
-    out = torch.bmm(self.activation(gate) * up, self.output_linear.weight.transpose(1, 2))
+    gate, up, down = self.stacked  # the stacked weights as traced `nn.Linear`s (`moe_experts`)
+    out = down(self.activation(gate(tiled)) * up(tiled))
     out = out.view(num_experts, num_tokens, width)  # a Reshape here, as in optimum-intel's form: OpenVINO's pattern has it
     out = out * gates.transpose(0, 1).view(num_experts, num_tokens)[..., None]
     return out.sum(dim=0).view(batch, length, width)
@@ -64,6 +62,10 @@ def _moe_blocks(model) -> list:
 
 def export_config(base: type) -> type:
     """optimum-intel's GraniteMoE / Granite 4 export config `base`, its patcher's experts in the dense form."""
+    import torch
+
+    from .moe_experts import mapped_copy, stacked_projection
+
     patcher_base = base._MODEL_PATCHER
 
     class DenseExpertsPatcher(patcher_base):
@@ -72,11 +74,19 @@ def export_config(base: type) -> type:
         def __enter__(self) -> Self:
             super().__enter__()
             for block in _moe_blocks(self._model):
+                # traced as `nn.Linear`s over the batched 16-bit weights, whose constants share file pages (`bmm`
+                # over a transposed weight would fold into new float32 constants, twice the experts' bytes): the
+                # checkpoint's own `output_linear`, and `input_linear`'s gate and up halves each copied into an
+                # unlinked file (one product over both halves, then split, is not fused into `GatherMatmul`s)
+                gate, up = (mapped_copy(half) for half in block.input_linear.weight.detach().chunk(2, dim=-2))
+                block.stacked = torch.nn.ModuleList(stacked_projection(w)
+                                                    for w in (gate, up, block.output_linear.weight))
                 block.forward = types.MethodType(dense_moe_forward, block)
             return self
 
         def __exit__(self, exc_type, exc_value, traceback) -> None:
             for block in _moe_blocks(self._model):
+                block._modules.pop("stacked", None)
                 block.__dict__.pop("forward", None)  # back to the class's forward
             super().__exit__(exc_type, exc_value, traceback)
 

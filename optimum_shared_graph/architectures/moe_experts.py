@@ -231,6 +231,13 @@ def _mapped(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
     return tensor
 
 
+def mapped_copy(tensor: torch.Tensor) -> torch.Tensor:
+    """A copy of `tensor` in file pages (`_mapped`): reclaimable memory, not anonymous."""
+    copy = _mapped(tuple(tensor.shape), tensor.dtype)
+    copy.copy_(tensor)
+    return copy
+
+
 def _stack(experts: StoredExperts) -> None:
     """Give `experts` its stacked projections (`[experts, out, in]`, file-backed) and the traced forward."""
     first = experts._projections(0)

@@ -40,6 +40,8 @@ EXPERTS = {"qwen3_moe": ("num_experts", 128), "qwen2_moe": ("num_experts", 60), 
            "deepseek_v3": ("n_routed_experts", 64), "lfm2_moe": ("num_experts", 32), "qwen3_next": ("num_experts", 512),
            "qwen3_5_moe_text": ("num_experts", 256), "gpt_oss": ("num_local_experts", 32),
            "granitemoe": ("num_local_experts", 40), "granitemoehybrid": ("num_local_experts", 64)}
+# hybrid types whose released layers repeat 3 gated-delta-net layers and 1 attention layer: here they alternate
+ALTERNATING = ("qwen3_next", "qwen3_5_moe_text")
 PROMPT_TOKENS, NEW_TOKENS, ROUNDS = 32, 32, 3
 
 
@@ -47,9 +49,12 @@ def build(model_type: str, layers: int, out: Path) -> dict:
     """The checkpoint, in a child process (its memory is gone after)."""
     if not (out / "config.json").is_file():
         key, experts = EXPERTS[model_type]
+        extra = ""
+        if model_type in ALTERNATING:  # so that 2 layers hold one of each kind (the released period is 3 + 1)
+            extra = f", layer_types={['linear_attention', 'full_attention'] * (layers // 2)!r}"
         code = ("import sys; from optimum_shared_graph import released; "
                 f"released.build_released_width_model({model_type!r}, sys.argv[1], num_hidden_layers={layers}, "
-                f"{key}={experts})")
+                f"{key}={experts}{extra})")
         subprocess.run([sys.executable, "-c", code, str(out)], check=True, env=children.child_env(),
                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     config = json.loads((out / "config.json").read_text())
@@ -172,7 +177,14 @@ def run(args) -> dict:
             rows.append(row)
             (work / "moe-partial.json").write_text(json.dumps(rows, indent=1) + "\n")  # what a crash leaves
     return {"rows": rows, "machine": context.machine(), "versions": context.versions(),
-            "date": time.strftime("%Y-%m-%d"), "note": args.note}
+            "date": time.strftime("%Y-%m-%d"), "note": args.note, "rounds": args.rounds}
+
+
+def _dated(results: dict) -> list[dict]:
+    """The rows of one run, each carrying its run's date, machine, decode rounds and note."""
+    run_ = {"date": results["date"], "machine": results["machine"], "note": results.get("note", ""),
+            "rounds": results.get("rounds", 3)}
+    return [{**row, "run": row.get("run", run_)} for row in results["rows"]]
 
 
 def _gb(n_bytes: float) -> str:
@@ -191,7 +203,19 @@ def render(results: dict) -> str:
              "counts the memory-mapped checkpoint's pages, PSS counts a page shared by processes once). Decode: "
              f"GenAI `LLMPipeline` on the CPU, {PROMPT_TOKENS}-token prompt, {NEW_TOKENS} greedy tokens "
              f"(`ignore_eos`), median of {ROUNDS} alternating fresh processes per artifact, default properties.", ""]
-    if results.get("note"):
+    runs: dict[str, list[str]] = {}
+    for r in results["rows"]:
+        if "run" in r:
+            run_ = r["run"]
+            key = (f"{run_['date']}, {context.describe_machine(run_['machine'])}, decode median of {run_['rounds']}"
+                   + (f"; conditions: {run_['note']}" if run_.get("note") else ""))
+            runs.setdefault(key, [])
+            if r["model_type"] not in runs[key]:
+                runs[key].append(r["model_type"])
+    if runs:
+        lines += [f"The rows come from {len(runs)} runs of the script, one per set of types:", ""]
+        lines += [f"- {', '.join(types)}: {key}." for key, types in runs.items()] + [""]
+    elif results.get("note"):
         lines += [f"Conditions: {results['note']}", ""]
     lines += ["| model type (released) | layers | experts | checkpoint | optimum-intel: wall, peak anonymous | "
               "this task: wall, peak anonymous (/ checkpoint) | RSS, PSS | wall ratio | anonymous ratio | "
@@ -256,8 +280,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--keep-models", action="store_true")
     parser.add_argument("--note", default="", help="the run's conditions, printed on the page")
     parser.add_argument("--report-only", type=Path, help="re-render docs/benchmarks-moe.md from a results JSON")
+    parser.add_argument("--rounds", type=int, default=ROUNDS, help="decode processes per artifact")
+    parser.add_argument("--append", action="store_true",
+                        help="keep the rows of docs/benchmarks-moe.json's run (of other types), each row dated")
     args = parser.parse_args(argv)
+    globals()["ROUNDS"] = args.rounds  # decode() and render() read it
     results = json.loads(args.report_only.read_text()) if args.report_only else run(args)
+    if args.append and not args.report_only:  # the page's earlier run's rows kept, each with its own run's facts
+        earlier = json.loads((args.docs_dir / "benchmarks-moe.json").read_text())
+        results = {**results, "rows": _dated(earlier) + _dated(results)}
     if not args.report_only:
         (args.docs_dir / "benchmarks-moe.json").write_text(json.dumps(results, indent=1) + "\n")
     (args.docs_dir / "benchmarks-moe.md").write_text(render(results))

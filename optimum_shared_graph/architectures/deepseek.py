@@ -18,7 +18,9 @@ change: transformers' default "grouped_mm" experts implementation does not conve
 OpenVINO rule), so the patcher switches the experts to optimum-intel's "ov_batched_mm" (every expert on every
 token, weighted by the dense routing weights: the pattern OpenVINO's MoE transformation recognises), as
 optimum-intel's own `DeepseekOCR2LMPatcher` does for the native DeepseekV2 text model under transformers 5,
-and puts the model's experts implementation back on exit.
+and puts the model's experts implementation back on exit. Under transformers 5 the experts themselves are loaded
+as the checkpoint stores them and traced stacked (`moe_experts`, composed with this config): no fused copy at load,
+no float32 constants in the conversion.
 
 And DeepSeek-V2's router goes through its gate module. `DeepseekV2Moe.forward` computes the router logits as
 `F.linear(hidden.float(), self.gate.weight.float())`, reading the `nn.Linear`'s weight instead of calling it;

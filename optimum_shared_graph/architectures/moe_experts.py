@@ -9,6 +9,12 @@ expert form (`lfm2_moe_experts_forward`: the fused tensor chunked and transposed
 constants. A 2-layer model of Qwen3-30B-A3B's widths held 2.2x its checkpoint in anonymous memory before the
 validation.
 
+The families (`FAMILIES`): qwen3_moe, qwen2_moe, mixtral and phimoe, whose only fix this is, and deepseek_v2/v3,
+lfm2_moe, qwen3_next and qwen3_5_moe_text, whose fix modules compose their export configs and loads with this one
+(`export_config(their_config)`, `while_exporting`). Qwen3.5-MoE's checkpoints store each layer's experts fused
+(`experts.gate_up_proj`), which transformers loads memory-mapped as they are; `FusedStoredExperts` keeps them so and
+gives the capture and the trace per-expert views of them.
+
 What this module does instead, in three places, each without a copy of the experts:
 
 * the load (`while_exporting`, host/'s `experts_loaded_as_stored`): the model's experts module is `StoredExperts`,

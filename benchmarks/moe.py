@@ -163,8 +163,9 @@ def run(args) -> dict:
                 if theirs["completed"]:
                     row["decode"] = decode({"shared": work / "moe-shared", "with_past": work / "moe-with-past"})
                 shutil.rmtree(work / "moe-with-past", ignore_errors=True)
-                # a hard limit below the checkpoint: 0.8x its size, to 0.5 GiB
-                gib = math.floor(shape["checkpoint_bytes"] * 0.8 / 2**30 * 2) / 2
+                # a hard limit below the checkpoint: 0.8x its size, to 0.5 GiB, and at least 2 GiB (the libraries an
+                # export imports hold about 1 GiB of anonymous memory before it reads a weight)
+                gib = max(math.floor(shape["checkpoint_bytes"] * 0.8 / 2**30 * 2) / 2, 2.0)
                 if (why := cgroup_available()) is None:
                     row["limited"] = export(model, work / "moe-shared", "text-generation-shared", gib,
                                             logs / f"{model.name}-shared-{gib:g}.log")

@@ -262,7 +262,14 @@ def _unstack(experts: StoredExperts) -> None:
 
 def export_config(base: type) -> type:
     """optimum-intel's export config `base`, its patcher tracing each `StoredExperts` in the stacked form."""
-    patcher_base = base._MODEL_PATCHER
+    return type(base.__name__, (base,), {
+        "__doc__": f"{base.__name__} tracing the experts as stored (optimum_shared_graph.architectures.moe_experts).",
+        "_MODEL_PATCHER": patcher(base._MODEL_PATCHER),
+    })
+
+
+def patcher(patcher_base: type) -> type:
+    """The model patcher `patcher_base`, then each layer's `StoredExperts` traced in the stacked form."""
 
     class StoredExpertsPatcher(patcher_base):
         """optimum-intel's patcher for the type, then each layer's stored experts stacked for the trace."""
@@ -280,7 +287,4 @@ def export_config(base: type) -> type:
                     _unstack(module)
             super().__exit__(exc_type, exc_value, traceback)
 
-    return type(base.__name__, (base,), {
-        "__doc__": f"{base.__name__} tracing the experts as stored (optimum_shared_graph.architectures.moe_experts).",
-        "_MODEL_PATCHER": StoredExpertsPatcher,
-    })
+    return StoredExpertsPatcher

@@ -82,11 +82,16 @@ def export_config(base: type) -> type:
                 block.stacked = torch.nn.ModuleList(stacked_projection(w)
                                                     for w in (gate, up, block.output_linear.weight))
                 block.forward = types.MethodType(dense_moe_forward, block)
+                # out of the traced tree: OpenVINO's 16-bit tracing casts the 16-bit weights of any module but an
+                # nn.Linear (these `GraniteMoeParallelExperts`) to float32 in place, twice the experts' bytes
+                block.__dict__["_parallel_experts"] = {name: block._modules.pop(name)
+                                                       for name in ("input_linear", "output_linear")}
             return self
 
         def __exit__(self, exc_type, exc_value, traceback) -> None:
             for block in _moe_blocks(self._model):
                 block._modules.pop("stacked", None)
+                block._modules.update(block.__dict__.pop("_parallel_experts", {}))
                 block.__dict__.pop("forward", None)  # back to the class's forward
             super().__exit__(exc_type, exc_value, traceback)
 

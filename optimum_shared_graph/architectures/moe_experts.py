@@ -253,11 +253,16 @@ def _stack(experts: StoredExperts) -> None:
             target[expert].copy_(weight)
     experts.stacked = torch.nn.ModuleList(stacked_projection(w) for w in stacked)  # not an expert: popped after
     experts.forward = types.MethodType(stacked_forward, experts)
+    # out of the traced tree: OpenVINO's 16-bit tracing casts the 16-bit tensors of any module but an nn.Linear (and
+    # a few others) to float32, in place (a fused checkpoint's `gate_up_proj`: twice its bytes, new memory)
+    experts.__dict__["_hidden_parameters"] = dict(experts._parameters)
+    experts._parameters.clear()
 
 
 def _unstack(experts: StoredExperts) -> None:
     experts._modules.pop("stacked", None)
     experts.__dict__.pop("forward", None)
+    experts._parameters.update(experts.__dict__.pop("_hidden_parameters", {}))
 
 
 def export_config(base: type) -> type:

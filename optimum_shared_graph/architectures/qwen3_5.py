@@ -198,7 +198,7 @@ def vlm_export_config(base: type) -> type:
     model part traced with `Qwen3_5LanguagePatcher`; the vision parts as optimum-intel exports them."""
     from optimum.exporters.openvino.model_configs import QwenVLConfigBehavior
 
-    language_patcher = moe_experts.patcher(_vlm_patcher_class())  # Qwen3.5-MoE's experts as loaded (`moe_experts`)
+    language_patcher = _vlm_patcher_class()
 
     def with_behavior(self, behavior):
         part = base.with_behavior(self, behavior)

@@ -160,12 +160,8 @@ def export_config(base: type) -> type:
     return moe_experts.export_config(_config(base))  # its patcher changes nothing in LFM2, which has no experts
 
 
-def while_exporting(model_type: str, scratch=None):
-    """LFM2-MoE's experts load as the checkpoint stores them (`moe_experts`); LFM2 has none."""
-    import contextlib
-
-    return moe_experts.while_exporting(model_type, scratch) if model_type in moe_experts.FAMILIES \
-        else contextlib.nullcontext()
+# the MoE variant's experts load as the checkpoint stores them, memory-mapped (`moe_experts`; nothing for the dense one)
+while_exporting = moe_experts.while_exporting
 
 
 def _config(base: type) -> type:

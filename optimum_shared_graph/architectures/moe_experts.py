@@ -205,8 +205,13 @@ _scratch: list[Path | None] = []  # where the conversion's stacked experts are w
 @contextlib.contextmanager
 def while_exporting(model_type: str, scratch: Path | None = None) -> Iterator[None]:
     """For one export of `model_type`: its experts load as stored (host/'s `experts_loaded_as_stored`), and the
-    conversion writes their stacked copies under `scratch` (None: the system's temporary directory)."""
+    conversion writes their stacked copies under `scratch` (None: the system's temporary directory). A type without
+    experts of `FAMILIES` (LFM2, dense Qwen3.5, sharing a fix module with a MoE type) loads as it would anyway."""
     from ..host import experts_loaded_as_stored
+
+    if model_type not in FAMILIES:
+        yield
+        return
 
     modeling, class_name, _ = FAMILIES[model_type]
     _scratch.append(None if scratch is None else Path(scratch))

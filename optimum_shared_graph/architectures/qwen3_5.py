@@ -111,12 +111,8 @@ def export_config(base: type) -> type:
     }))  # the MoE variant's experts traced as loaded (`moe_experts`); nothing changes for the dense one
 
 
-def while_exporting(model_type: str, scratch=None):
-    """The MoE variant's experts load memory-mapped as the checkpoint stores them (`moe_experts`)."""
-    import contextlib
-
-    return moe_experts.while_exporting(model_type, scratch) if model_type in moe_experts.FAMILIES \
-        else contextlib.nullcontext()
+# the MoE variant's experts load as the checkpoint stores them, memory-mapped (`moe_experts`; nothing for the dense one)
+while_exporting = moe_experts.while_exporting
 
 
 # The whole multimodal model (`--task image-text-to-text-shared`): optimum-intel's Qwen3.5 image-text-to-text

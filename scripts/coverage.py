@@ -31,7 +31,7 @@ results into a JSON file (the types run replace their rows, so it can be filled 
     PYTHONPATH=. python scripts/coverage.py --render-only results.json --npu-results docs/npu-real-width.json
     PYTHONPATH=. python scripts/coverage.py --splice-npu --npu-results docs/npu-real-width.json   # NPU cells only
 
-The vision-language section (`--task image-text-to-text-shared`, every type `pipeline.vlm.supported_vlm_types()`
+The vision-language section (`--task image-text-to-text-shared`, every type `architectures.supported_vlm_types()`
 returns, `--types` to choose): `--vlm` builds each tiny checkpoint with its processor, exports it, runs `validate`
 through `optimum-vlm` and `genai-vlm` under f32 and default properties and optimum-intel's own `image-text-to-text`
 export beside it, each a command of its own, merges the rows into `--vlm-results` (default docs/vlm-coverage.json)
@@ -879,7 +879,7 @@ def render_vlm(data: dict) -> list[str]:
         VLM_HEADING, "",
         "The whole vision-language model exported with `--task image-text-to-text-shared` (the language model as the",
         "one stateful shared graph, the vision parts as optimum-intel lays them out: [The whole model](multimodal.md#the-whole-model-task-image-text-to-text-shared)),",
-        "for every model type it exports (`pipeline.vlm.supported_vlm_types()`), on a tiny random-init checkpoint",
+        "for every model type it exports (`architectures.supported_vlm_types()`), on a tiny random-init checkpoint",
         "laid out like the published one, with its processor (`testing.build_tiny_multimodal(model_type, dir,",
         "processor=True)`), each step a command as a user runs it (`scripts/coverage.py --vlm`). Columns:",
         "",
@@ -1329,7 +1329,7 @@ def _machine() -> str:
 def _vlm_sweep(args) -> int:
     """`--vlm`: each vision-language type in its own subprocess, the results file rewritten after each one (the
     types run replace their rows), then its section spliced into the page at --output."""
-    from optimum_shared_graph.pipeline.vlm import supported_vlm_types
+    from optimum_shared_graph.architectures import supported_vlm_types
 
     results_file = Path(args.render_only or args.vlm_results)
     if not args.render_only:
@@ -1386,7 +1386,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--vlm", action="store_true",
                         help="run only the vision-language check (--task image-text-to-text-shared exported and "
                              "validated through optimum-vlm and genai-vlm, optimum-intel's image-text-to-text beside it; "
-                             "default: every type pipeline.vlm.supported_vlm_types() returns, --types to choose), merge "
+                             "default: every type architectures.supported_vlm_types() returns, --types to choose), merge "
                              "the results into --vlm-results and replace that section of the page at --output; with "
                              "--render-only FILE, re-render the section from FILE without running")
     parser.add_argument("--vlm-results", default=str(ROOT / "docs" / "vlm-coverage.json"),

@@ -39,7 +39,7 @@ class Plan:
     language: Any = None  # a multimodal checkpoint's language model (`multimodal.plan`), else None
     static: Any = None  # `graph.static.StaticShapes` for --shape-mode static, else None
     static_plan: Any = None  # a static export's quantization (`quantization.static.plan_static_quantization`)
-    weight_format: str | None = None  # the weight format asked for (the CLI's flag, else the options')
+    weight_format: str | None = None  # the graph's weight format (`manifest.weight_format_of`), None: not asked
     calibrating: bool = False  # a data-aware quantization: optimum-intel's graph is calibrated as it is
     fallback_reason: str | None = None  # known at plan time: a vision-language model has no causal LM to decompose
     capture_beside: bool = False  # the capture in a process of its own, beside optimum-intel's conversion

@@ -34,10 +34,10 @@ optimum-intel's own export (its configs, its file names, its tokenizer conversio
 5. the manifest (`task: image-text-to-text-shared`) and the artifact moved into place, as for a text model, with
    the reference `validate()` runs (`vlm_reference.py`: recorded in `on_model` through the checkpoint's processor).
 
-`run_vlm_export()` runs them as `export.run_export()` runs the text task's, in the same order: the plan (`plan.py`'s
+`run_vlm_export()` runs them as `export.run_export()` runs the text task's, with its stage numbers: 1, the plan (`plan.py`'s
 `make_plan`, the same `Plan`: the checks that need no weights, the weight format decided by the one rule of both
-tasks, the validation's token count and whether its smallest part fits, the family, the calibration set), the
-hand-over to optimum-intel's export (items 1 to 3), the validation (item 4), the write (item 5).
+tasks, the validation's token count and whether its smallest part fits, the family, the calibration set); 2 and 3,
+the hand-over to optimum-intel's export (items 1 to 3); 5, the validation (item 4); 6, the write (item 5).
 
 Data-aware weight compression (`--dataset` with `--awq`, `--scale-estimation`, ...: the plan checks the flags, the
 dataset and the processor at the start) has optimum-intel export the language model stateless in item 2, and
@@ -286,9 +286,10 @@ def run_vlm_export(model: str, output_dir, opts: ExportOptions, *, raw_export: C
             # 2. capture and 3. convert, in the hand-over to optimum-intel's image-text-to-text export
             export, fix = hand_over_to_optimum_intel(plan, raw_export, raw, calibration)
             convert.return_freed_memory()
-            # 4. validate: the vision and text embedding graphs, then the language model fed what they computed
+            # 5. validate (no stage 4: no static graph): the vision and text embedding graphs, then the language
+            # model fed what they computed
             validation = _validate(plan, export, raw)
-            # 5. write: the manifest, validate()'s reference, the graphs with their rt_info, moved into place
+            # 6. write: the manifest, validate()'s reference, the graphs with their rt_info, moved into place
             progress.stage("writing")
             manifest = write.prepare_parts(raw, plan, quantization, calibration, validation,
                                            model_extra={"fixes": [fix.record()]} if fix is not None else {})

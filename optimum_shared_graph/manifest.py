@@ -22,6 +22,8 @@ GRAPH_BIN = "openvino_model.bin"
 # A static graph has its own name, which optimum-intel and OpenVINO GenAI do not load (they cannot run it).
 STATIC_GRAPH_XML = "openvino_static_model.xml"
 STATIC_GRAPH_BIN = "openvino_static_model.bin"
+# An image-text-to-text-shared artifact's shared graph: its language model, in optimum-intel's VLM layout.
+LANGUAGE_XML = "openvino_language_model.xml"
 RT_INFO_KEY = "shared_graph"
 # `full` makes every default check (`read_manifest()`, `runtime()`) hash every graph file.
 VERIFY_ENV = "OPTIMUM_SHARED_GRAPH_VERIFY"
@@ -205,10 +207,9 @@ class Manifest:
         return target
 
     def judged_weight_format(self) -> str:
-        """The weight format the validation's rules judge by: the artifact's (`fp32` when none is recorded), and
-        `int8` for an activation-quantized graph (`quant_mode`), whose weights are int8 too."""
-        quantization = self.quantization or {}
-        return "int8" if quantization.get("quant_mode") else (quantization.get("weight_format") or "fp32")
+        """The weight format the validation's rules judge by: the artifact's (`weight_format_of`; `fp32` when none
+        is recorded)."""
+        return weight_format_of(self.quantization) or "fp32"
 
     def rt_info(self) -> dict[str, str]:
         """The facts stored under `shared_graph` in the IR's rt_info (all but the file hashes)."""
@@ -239,6 +240,15 @@ class Manifest:
             line += (f"; the language model only ({self.model.get('exported_model_type')}): "
                      f"{', '.join(left_out)} left out, {next(iter(left_out.values())).split(': ', 1)[1]}")
         return line
+
+
+def weight_format_of(quantization: dict | None, asked: str | None = None) -> str | None:
+    """The format of an export's graph weights, by the one rule both tasks decide it with (their plan, stage 1:
+    `pipeline/plan.py`) and a stored manifest's `quantization` is read with (`Manifest.judged_weight_format`): `int8`
+    for an activation-quantized graph (`quant_mode`), whose weights are int8 too; else the weight format the
+    quantization flags asked for, else `asked` (the options'); None where nothing was asked."""
+    quantization = quantization or {}
+    return "int8" if quantization.get("quant_mode") else (quantization.get("weight_format") or asked)
 
 
 def build_manifest(

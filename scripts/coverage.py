@@ -31,10 +31,10 @@ results into a JSON file (the types run replace their rows, so it can be filled 
     PYTHONPATH=. python scripts/coverage.py --render-only results.json --npu-results docs/npu-real-width.json
     PYTHONPATH=. python scripts/coverage.py --splice-npu --npu-results docs/npu-real-width.json   # NPU cells only
 
-The vision-language section (`--task image-text-to-text-shared`, every type `pipeline.vlm.supported_vlm_types()`
+The vision-language section (`--task image-text-to-text-shared`, every type `architectures.supported_vlm_types()`
 returns, `--types` to choose): `--vlm` builds each tiny checkpoint with its processor, exports it, runs `validate`
-through `optimum-vlm` and `genai-vlm` under f32 and default properties and optimum-intel's own `image-text-to-text`
-export beside it, each a command of its own, merges the rows into `--vlm-results` (default docs/vlm-coverage.json)
+through `optimum-vlm` and `genai-vlm` under f32 and default properties and `genai-vlm` on GenAI's NPU pipeline
+(NPUW, its partitions on the CPU), and optimum-intel's own `image-text-to-text` export beside it, each a command of its own, merges the rows into `--vlm-results` (default docs/vlm-coverage.json)
 and replaces only that section of the page (a full sweep keeps the section it finds); `--render-only FILE`
 re-renders it from the JSON:
 
@@ -458,9 +458,12 @@ def run_npu_one(model_type: str, workdir: Path, layers: int | None = None) -> di
 # ----------------------------------------------------------------------------------------------
 
 VLM_HEADING = "## Vision-language models: image-text-to-text-shared"
-# (consumer, label of the properties, the properties): what `validate` is run with on each artifact
+# (consumer, label of the properties, the properties): what `validate` is run with on each artifact, on the CPU but for
+# the labels of `VLM_DEVICES`: "NPU" is GenAI's VLMPipeline on its NPU pipeline (NPUW) with its partitions compiled for
+# the CPU (`testing.NPU_ON_CPU`), the code path an NPU takes, runnable anywhere
 VLM_VALIDATIONS = [("optimum-vlm", "f32", EXACT), ("genai-vlm", "f32", EXACT),
-                   ("optimum-vlm", "default", {}), ("genai-vlm", "default", {})]
+                   ("optimum-vlm", "default", {}), ("genai-vlm", "default", {}), ("genai-vlm", "NPU", NPU_ON_CPU)]
+VLM_DEVICES = {"NPU": "NPU"}
 VLM_STEP_TIMEOUT = 900  # seconds for each command of a type (export, validate), within the type's own --timeout
 
 
@@ -549,7 +552,8 @@ def run_vlm_one(model_type: str, workdir: Path) -> dict:
         result["fixes"] = [f["fix"] for f in (manifest.get("model") or {}).get("fixes", [])]
         result["export"] = "passed" if validation.get("status") == "passed" else f"validation {validation.get('status')}"
         for consumer, label, properties in VLM_VALIDATIONS:
-            cmd = [sys.executable, "-m", "optimum_shared_graph", "validate", str(out), "--consumer", consumer, "--json"]
+            cmd = [sys.executable, "-m", "optimum_shared_graph", "validate", str(out), "--consumer", consumer, "--json",
+                   "--device", VLM_DEVICES.get(label, "CPU")]
             cmd += [a for k, v in properties.items() for a in ("-p", f"{k}={v}")]
             code, stdout, stderr, took = _command(cmd)
             seconds[f"{consumer} {label}"] = took
@@ -872,14 +876,18 @@ def render_vlm(data: dict) -> list[str]:
     columns = [f"{consumer} {label}" for consumer, label, _ in VLM_VALIDATIONS]
     exported = [r for r in rows if (r.get("validation") or {}).get("status") == "passed"]
     exact = [r for r in exported if all(_vlm_passed(r.get(c)) for c in columns[:2])]
-    default = [r for r in exported if all(_vlm_passed(r.get(c)) for c in columns[2:])]
+    default = [r for r in exported if all(_vlm_passed(r.get(c)) for c in columns[2:4])]
+    npu = [r for r in exported if _vlm_passed(r.get(columns[4]))]
+    # the NPU pipeline's properties as the run set them (`testing.NPU_ON_CPU` depends on the host's CPU)
+    npu_set = next((v.get("set") or {} for v in data.get("validations") or [] if v.get("properties") == "NPU"),
+                   NPU_ON_CPU)
     theirs = [r for r in rows if r.get("image-text-to-text") == "exported"]
     f32 = " ".join(f"-p {k}={v}" for k, v in sorted(EXACT.items()))
     lines = [
         VLM_HEADING, "",
         "The whole vision-language model exported with `--task image-text-to-text-shared` (the language model as the",
         "one stateful shared graph, the vision parts as optimum-intel lays them out: [The whole model](multimodal.md#the-whole-model-task-image-text-to-text-shared)),",
-        "for every model type it exports (`pipeline.vlm.supported_vlm_types()`), on a tiny random-init checkpoint",
+        "for every model type it exports (`architectures.supported_vlm_types()`), on a tiny random-init checkpoint",
         "laid out like the published one, with its processor (`testing.build_tiny_multimodal(model_type, dir,",
         "processor=True)`), each step a command as a user runs it (`scripts/coverage.py --vlm`). Columns:",
         "",
@@ -892,6 +900,11 @@ def render_vlm(data: dict) -> list[str]:
         f"  under f32 properties (`{f32}`, where the judge asks for exact agreement) and under",
         "  the CPU's default properties (judged by PyTorch's margins): passed with its figures, or the command's",
         "  one-line failure;",
+        "- **genai-vlm (NPU pipeline)**: `validate OUT --consumer genai-vlm --device NPU "
+        + " ".join(f"-p {k}={v}" for k, v in npu_set.items()) + "`: GenAI's VLMPipeline",
+        "  on its NPU pipeline (NPUW), its partitions compiled for the CPU (the code path an NPU takes, runnable",
+        "  without one), greedy tokens on the stored image and prompt, judged by PyTorch's margins as under the default",
+        "  properties;",
         "- **optimum-intel image-text-to-text**: optimum-intel's own `optimum-cli export openvino --task",
         "  image-text-to-text` of the same checkpoint, for comparison: exported, or its first error line.",
         "",
@@ -902,12 +915,12 @@ def render_vlm(data: dict) -> list[str]:
         f"Results: `{data.get('source') or 'docs/vlm-coverage.json'}`.",
         "",
         f"**{len(exported)} of {len(rows)} vision-language model types exported with validation passed; {len(exact)} "
-        f"pass both consumers under f32 properties, {len(default)} under the default properties; optimum-intel's "
-        f"image-text-to-text exports {len(theirs)} of {len(rows)}.**",
+        f"pass both consumers under f32 properties, {len(default)} under the default properties, {len(npu)} through "
+        f"GenAI's NPU pipeline; optimum-intel's image-text-to-text exports {len(theirs)} of {len(rows)}.**",
         "",
         "| model type | export | optimum-vlm (f32) | genai-vlm (f32) | optimum-vlm (default) | genai-vlm (default) "
-        "| optimum-intel image-text-to-text |",
-        "|---|---|---|---|---|---|---|",
+        "| genai-vlm (NPU pipeline) | optimum-intel image-text-to-text |",
+        "|---|---|---|---|---|---|---|---|",
         *(f"| {r['model_type']} | {_vlm_cell(_vlm_export_cell(r))} | " + " | ".join(_vlm_cell(r.get(c)) for c in columns)
           + f" | {_vlm_cell(r.get('image-text-to-text'))} |" for r in rows),
         "",
@@ -1329,7 +1342,7 @@ def _machine() -> str:
 def _vlm_sweep(args) -> int:
     """`--vlm`: each vision-language type in its own subprocess, the results file rewritten after each one (the
     types run replace their rows), then its section spliced into the page at --output."""
-    from optimum_shared_graph.pipeline.vlm import supported_vlm_types
+    from optimum_shared_graph.architectures import supported_vlm_types
 
     results_file = Path(args.render_only or args.vlm_results)
     if not args.render_only:
@@ -1339,7 +1352,8 @@ def _vlm_sweep(args) -> int:
             raise SystemExit(f"--task image-text-to-text-shared does not export {', '.join(unknown)} "
                              f"(it exports {', '.join(supported_vlm_types())})")
         about = dict(versions=_versions(), machine=_machine(), commit=_commit(), source=_repo_relative(results_file),
-                     validations=[{"consumer": c, "properties": label, "set": p} for c, label, p in VLM_VALIDATIONS])
+                     validations=[{"consumer": c, "properties": label, "set": p, "device": VLM_DEVICES.get(label, "CPU")}
+                                  for c, label, p in VLM_VALIDATIONS])
         t0 = time.monotonic()
         with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
             futures = [pool.submit(_run_subprocess, t, args.timeout or 3600, sys.executable, False, False, vlm=True)
@@ -1386,7 +1400,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--vlm", action="store_true",
                         help="run only the vision-language check (--task image-text-to-text-shared exported and "
                              "validated through optimum-vlm and genai-vlm, optimum-intel's image-text-to-text beside it; "
-                             "default: every type pipeline.vlm.supported_vlm_types() returns, --types to choose), merge "
+                             "default: every type architectures.supported_vlm_types() returns, --types to choose), merge "
                              "the results into --vlm-results and replace that section of the page at --output; with "
                              "--render-only FILE, re-render the section from FILE without running")
     parser.add_argument("--vlm-results", default=str(ROOT / "docs" / "vlm-coverage.json"),

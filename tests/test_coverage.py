@@ -140,6 +140,7 @@ def test_vision_language_section_renders_after_the_multimodal_one_and_splices_on
                  "optimum-vlm f32": "passed, max |dlogits| 3.0e-05 (tolerance 0.0031)",
                  "genai-vlm f32": "passed, 8 of 8 tokens", "optimum-vlm default": "failed: greedy token 1 differs",
                  "genai-vlm default": "passed, 8 of 8 tokens, 2 near-ties",
+                 "genai-vlm NPU": "passed, 8 of 8 tokens compared",
                  "image-text-to-text": "fails: ValueError: transformers 5.5.4 is installed", "seconds": {"total": 200}},
                 {"model_type": "mistral3", "export": "refused: it broke", "image-text-to-text": "exported",
                  "seconds": {"total": 40}}]}
@@ -147,11 +148,12 @@ def test_vision_language_section_renders_after_the_multimodal_one_and_splices_on
     text = "\n".join(section)
     assert section[0] == cov.VLM_HEADING and "commit abc1234" in text and "4.0 minutes in all" in text
     assert ("**1 of 2 vision-language model types exported with validation passed; 1 pass both consumers under f32 "
-            "properties, 0 under the default properties; optimum-intel's image-text-to-text exports 1 of 2.**") in text
+            "properties, 0 under the default properties, 1 through GenAI's NPU pipeline; optimum-intel's "
+            "image-text-to-text exports 1 of 2.**") in text
     assert ("| qwen3_5 | passed, max \\|dlogits\\| 3.0e-05 | passed, max \\|dlogits\\| 3.0e-05 (tolerance 0.0031) | "
             "passed, 8 of 8 tokens | failed: greedy token 1 differs | passed, 8 of 8 tokens, 2 near-ties | "
-            "fails: ValueError: transformers 5.5.4 is installed |") in text
-    assert "| mistral3 | refused: it broke | - | - | - | - | exported |" in text
+            "passed, 8 of 8 tokens compared | fails: ValueError: transformers 5.5.4 is installed |") in text
+    assert "| mistral3 | refused: it broke | - | - | - | - | - | exported |" in text
 
     spliced = cov.splice_vlm(page, section)
     assert spliced.index(cov.MULTIMODAL_HEADING) < spliced.index(cov.VLM_HEADING) < spliced.index("## Choosing")

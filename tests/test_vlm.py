@@ -369,12 +369,12 @@ def test_llava_next_on_an_image_wider_than_tall(vlm):
     ("llama", "optimum-intel's OVModelForVisualCausalLM has no class for it (not a vision-language type of its "
               "image-text-to-text export)")], ids=["smolvlm", "qwen3_5_text", "llama"])
 def test_type_it_cannot_export_is_refused_before_any_work(model_type, why, tmp_path, capsys):
-    """A type with no image-text-to-text-shared export: one line at stage 1 saying why (`vlm_families.NOT_EXPORTED`)
+    """A type with no image-text-to-text-shared export: one line at stage 1 saying why (`architectures._vlm_families.NOT_EXPORTED`)
     and which types it exports, nothing written (optimum-cli's entry point run in this process: no fresh
     interpreter's imports)."""
     from transformers import AutoConfig
 
-    from optimum_shared_graph.pipeline.vlm import supported_vlm_types
+    from optimum_shared_graph.architectures import supported_vlm_types
 
     model = tmp_path / model_type
     AutoConfig.for_model(model_type).save_pretrained(str(model))
@@ -461,10 +461,10 @@ def test_mrope_sections_wider_than_the_rotary_export_and_validate(tmp_path):
 
 def test_registered_and_fix_swapped_in_for_one_export():
     """`image-text-to-text-shared` sits beside optimum-intel's `image-text-to-text` in TasksManager; the fixed
-    config stands in for optimum-intel's only inside `vlm_fix_applied`, its language part with the 5.5 patcher."""
+    config stands in for optimum-intel's only inside `architectures.vlm_fix_applied`, its language part with the 5.5 patcher."""
     from optimum.exporters.tasks import TasksManager
 
-    from optimum_shared_graph.pipeline.vlm import vlm_fix_applied
+    from optimum_shared_graph.architectures import vlm_fix_applied
     from optimum_shared_graph.registration import register_tasks
     from optimum_shared_graph.testing import tiny_multimodal_config
 

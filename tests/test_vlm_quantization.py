@@ -1,5 +1,5 @@
 """Data-aware quantization of an image-text-to-text-shared artifact's language model, calibrated on both stages
-(`quantization/visual.py`, `pipeline/vlm.plan_calibration`).
+(`quantization/visual.py`, `pipeline/plan.py`, `_vlm_calibration`).
 
 The tiny Qwen3.5 checkpoint with its processor (`testing.build_tiny_multimodal(..., processor=True)`: three
 gated-delta-net layers and one attention layer, so the language model's state is convolution and recurrent states

@@ -21,6 +21,9 @@ A fix module defines:
 A module that also repairs the `image-text-to-text` export of the whole vision-language model (for
 `--task image-text-to-text-shared`, `pipeline/vlm.py`) defines `VLM_MODEL_TYPES`, `VLM_SUMMARY` and
 `vlm_export_config(base)`; one that repairs only that export has an empty `MODEL_TYPES` (and no `export_config`).
+`vlm_fix_applied(model_type)` swaps it in for one such export. What that task's validation needs to know of each
+vision-language family, fixed or not (its validation image and prompt, its language model's inputs, how its vision
+graphs run), is `_vlm_families.py`, with the types the task exports (`supported_vlm_types()`).
 
 `fix_applied(model_type)` points optimum-intel's `TasksManager` entry for the model type at the fixed
 config for the duration of one `text-generation-shared` export, and puts the original back afterwards,
@@ -37,6 +40,7 @@ from dataclasses import dataclass
 from typing import Iterator
 
 from ..host import export_configs_replaced, openvino_entries
+from ..tasks import VLM_TASK
 
 
 def fix_modules() -> list[str]:
@@ -122,3 +126,41 @@ def fix_applied(model_type: str, scratch=None) -> Iterator[Fix | None]:
         during = getattr(module, "while_exporting", None)
         with during(model_type, scratch) if during is not None else contextlib.nullcontext():
             yield Fix(f"{__name__}.{module.__name__.rsplit('.', 1)[-1]}", model_type, module.SUMMARY, module.TRANSFORMERS)
+
+
+def vlm_fix_module(model_type: str, transformers_version: str | None = None):
+    """The fix module whose `vlm_export_config` repairs `model_type`'s image-text-to-text export under
+    `transformers_version` (default: the installed one), or None."""
+    from packaging.specifiers import SpecifierSet
+    from packaging.version import Version
+
+    if transformers_version is None:
+        import transformers
+
+        transformers_version = transformers.__version__
+    version = Version(Version(transformers_version).base_version)
+    for name in fix_modules():
+        module = _load(name)
+        if model_type in getattr(module, "VLM_MODEL_TYPES", ()) and version in SpecifierSet(module.TRANSFORMERS):
+            return module
+    return None
+
+
+@contextlib.contextmanager
+def vlm_fix_applied(model_type: str) -> Iterator[Fix | None]:
+    """While active, optimum-intel's `image-text-to-text` export of `model_type` uses the fixed config; yields the
+    manifest's record of the fix (None: none applies). The swap is host/'s `export_configs_replaced`, which puts
+    the original entry back on exit."""
+    module = vlm_fix_module(model_type)
+    if module is None:
+        yield None
+        return
+    with export_configs_replaced(model_type, (VLM_TASK,), module.vlm_export_config) as originals:
+        yield Fix(module.__name__, model_type, module.VLM_SUMMARY, module.TRANSFORMERS) if originals else None
+
+
+def supported_vlm_types() -> list[str]:
+    """The model types `--task image-text-to-text-shared` exports (`_vlm_families.FAMILIES`)."""
+    from ._vlm_families import FAMILIES
+
+    return sorted(FAMILIES)

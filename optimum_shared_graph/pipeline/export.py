@@ -175,7 +175,7 @@ def _validate(plan: Plan, export: "_Export", raw: Path, quantization, calibratio
     A validation failure of an export whose transformers cap was lifted says so."""
     progress.step("graph read, manifest built")
     graph_xml, ov_model, unchanged, manifest = write.prepare(
-        raw, plan.config, export.capture, plan.opts, plan.model, quantization, calibration, model_extra=extra)
+        raw, plan.shared_graph, plan.config, export.capture, plan.opts, plan.model, quantization, calibration, model_extra=extra)
     try:
         manifest.validation, reference = validate.validate_export(ov_model, export.capture, plan.config, plan.opts,
                                                                   manifest)

@@ -14,7 +14,7 @@ language model also fed the deepstack features): the layout `OVModelForVisualCau
 optimum-intel's own export (its configs, its file names, its tokenizer conversion), and:
 
 1. the export config of the architecture fix (`architectures.<family>.vlm_export_config`) stands in for
-   optimum-intel's for the duration of the export (`vlm_fix_applied`), where optimum-intel's fails under the
+   optimum-intel's for the duration of the export (`architectures.vlm_fix_applied`), where optimum-intel's fails under the
    installed transformers (Qwen3.5's language model patcher imports `Qwen3_5DynamicCache`, gone in 5.5; Qwen2-VL's,
    Qwen2.5-VL's and Qwen3-VL's configs cap transformers at 5.0, LLaVA-NeXT-Video's at 4.57.6; Gemma 4's dummy cache
    gives its layers different past lengths; Gemma 3's, LLaVA's, LLaVA-NeXT's and Mistral 3's export under 5.5 as
@@ -34,15 +34,21 @@ optimum-intel's own export (its configs, its file names, its tokenizer conversio
 5. the manifest (`task: image-text-to-text-shared`) and the artifact moved into place, as for a text model, with
    the reference `validate()` runs (`vlm_reference.py`: recorded in `on_model` through the checkpoint's processor).
 
-Data-aware weight compression (`--dataset` with `--awq`, `--scale-estimation`, ...: `plan_calibration` checks the
-flags, the dataset and the processor at the start) has optimum-intel export the language model stateless in item 2,
-and calibrates it on both stages before it is made stateful again (`quantization/visual.py`); item 4 then records
-the compressed graph against PyTorch, as for any compressed weights.
+`run_vlm_export()` runs them as `export.run_export()` runs the text task's, with its stage numbers: 1, the plan (`plan.py`'s
+`make_plan`, the same `Plan`: the checks that need no weights, the weight format decided by the one rule of both
+tasks, the validation's token count and whether its smallest part fits, the family, the calibration set); 2 and 3,
+the hand-over to optimum-intel's export (items 1 to 3); 5, the validation (item 4); 6, the write (item 5).
+
+Data-aware weight compression (`--dataset` with `--awq`, `--scale-estimation`, ...: the plan checks the flags, the
+dataset and the processor at the start) has optimum-intel export the language model stateless in item 2, and
+calibrates it on both stages before it is made stateful again (`quantization/visual.py`); item 4 then records the
+compressed graph against PyTorch, as for any compressed weights.
 
 What differs from family to family in items 3 and 4 (the validation image and prompt, where the image embeddings
-are, the language model's inputs, how the vision graphs run) is a `vlm_families.Family`; its model types are the
-ones this task exports. The validation image needs no processor: its pixels are drawn (seeded) in the processor's
-output layout and the prompt is built from the configuration's image token ids.
+are, the language model's inputs, how the vision graphs run) is an `architectures._vlm_families.Family`, beside
+the other per-family knowledge; its model types are the ones this task exports (`architectures.supported_vlm_types`).
+The validation image needs no processor: its pixels are drawn (seeded) in the processor's output layout and the
+prompt is built from the configuration's image token ids.
 """
 
 from __future__ import annotations
@@ -55,55 +61,17 @@ from typing import Any, Callable
 import numpy as np
 
 from .. import progress
+from ..architectures import vlm_fix_applied
+from ..architectures._vlm_families import family_of
 from ..errors import ExportValidationError, InvalidOptionsError, ModelNotSupportedError
-from ..manifest import MANIFEST_NAME, Manifest, build_manifest
+from ..manifest import LANGUAGE_XML, MANIFEST_NAME, Manifest
 from ..options import ExportOptions
-from ..registration import register_tasks
+from ..quantization.calibration import CalibrationReport
 from ..tasks import VLM_SHARED_TASK, VLM_TASK
-from . import convert, load, memory, write
+from . import convert, load, vlm_reference, write
+from .plan import Plan, make_plan
 
-from .vlm_families import FAMILIES, family_of, not_exported_reason
-
-LANGUAGE_XML = "openvino_language_model.xml"
 TEXT_EMBEDDINGS_XML = "openvino_text_embeddings_model.xml"
-
-
-def vlm_fix_module(model_type: str):
-    """The architecture module whose `vlm_export_config` repairs `model_type`'s image-text-to-text export under
-    the installed transformers, or None."""
-    from packaging.specifiers import SpecifierSet
-    from packaging.version import Version
-    import transformers
-
-    from ..architectures import _load, fix_modules
-
-    version = Version(Version(transformers.__version__).base_version)
-    for name in fix_modules():
-        module = _load(name)
-        if model_type in getattr(module, "VLM_MODEL_TYPES", ()) and version in SpecifierSet(module.TRANSFORMERS):
-            return module
-    return None
-
-
-def supported_vlm_types() -> list[str]:
-    """The model types `--task image-text-to-text-shared` exports (those of `vlm_families.FAMILIES`)."""
-    return sorted(FAMILIES)
-
-
-@contextlib.contextmanager
-def vlm_fix_applied(model_type: str):
-    """While active, optimum-intel's `image-text-to-text` export of `model_type` uses the fixed config; yields the
-    manifest's record of the fix (None: none applies). The swap is host/'s `export_configs_replaced`, which puts
-    the original entry back on exit."""
-    from ..architectures import Fix
-    from ..host import export_configs_replaced
-
-    module = vlm_fix_module(model_type)
-    if module is None:
-        yield None
-        return
-    with export_configs_replaced(model_type, (VLM_TASK,), module.vlm_export_config) as originals:
-        yield Fix(module.__name__, model_type, module.VLM_SUMMARY, module.TRANSFORMERS) if originals else None
 
 
 @dataclass
@@ -209,7 +177,7 @@ def validate_parts(directory: Path, reference: Reference, weight_format: str | N
     # inputs other graphs compute (Gemma 4's per-layer embeddings, Qwen3-VL's deepstack features): the OpenVINO ones
     # are fed, their difference from PyTorch's judged as the image embeddings' (below)
     ids = [reference.input_ids] + [np.array([[token]]) for token in reference.tokens[: len(reference.calls) - 1]]
-    computed = family.ov_call_inputs(parts, directory, ids, reference.inputs)
+    computed = family.ov_call_inputs(parts, directory, ids, reference.inputs, dict(EXACT_CONFIG))
     for name in sorted({k for c in computed for k in c if np.asarray(c[k]).dtype != bool}):
         vision[f"max_abs_diff_{name}"] = float(max(np.max(np.abs(c[name] - call[name])) for c, call
                                                    in zip(computed, reference.calls) if name in call and c[name].size))
@@ -298,27 +266,113 @@ def _compressed_weights(xml: Path) -> str | None:
     return "int8" if kinds & {"u8", "i8"} else None
 
 
+def run_vlm_export(model: str, output_dir, opts: ExportOptions, *, raw_export: Callable[..., None],
+                   quantization: dict[str, Any] | None = None,
+                   quantization_config: Callable[[], Any] | None = None) -> Manifest:
+    """Export the vision-language model `model` into `output_dir` (module docstring); return the manifest.
+
+    `quantization_config` returns the config the CLI's quantization flags give (without exporting); with a
+    data-aware one the language model is calibrated on both stages (`quantization/visual.py`)."""
+    stages = ["loading", "recording generate()", "converting (optimum-intel)"]
+    stages += ([] if opts.skip_validation else ["validating"]) + ["writing"]
+    with progress.export_progress(stages, quiet=opts.quiet):
+        # 1. plan: every check that needs no weights, every fact the later stages read (the text task's `Plan`)
+        progress.stage("loading")
+        plan = make_plan(model, output_dir, opts, task=VLM_SHARED_TASK, quantization=quantization,
+                         quantization_config=quantization_config)
+        calibration = CalibrationReport() if plan.calibrating else None
+        with convert.staging(plan.output) as staging:
+            raw = staging / "raw"
+            # 2. capture and 3. convert, in the hand-over to optimum-intel's image-text-to-text export
+            export, fix = hand_over_to_optimum_intel(plan, raw_export, raw, calibration)
+            convert.return_freed_memory()
+            # 5. validate (no stage 4: no static graph): the vision and text embedding graphs, then the language
+            # model fed what they computed
+            validation = _validate(plan, export, raw)
+            # 6. write: the manifest, validate()'s reference, the graphs with their rt_info, moved into place
+            progress.stage("writing")
+            manifest = write.prepare_parts(raw, plan, quantization, calibration, validation,
+                                           model_extra={"fixes": [fix.record()]} if fix is not None else {})
+            stored = vlm_reference.to_store(export.stored, export.stored_missing, validation, raw)
+            write.write_artifact(raw, staging / "final", dict.fromkeys(manifest.graph["files"]), manifest,
+                                 reference=stored)
+            write.move_into_place(staging / "final", plan.output)
+        manifest.path = plan.output / MANIFEST_NAME
+        return manifest
+
+
+def hand_over_to_optimum_intel(plan: Plan, raw_export: Callable[..., None], raw: Path, calibration):
+    """Items 1 to 3 on the one model optimum-intel loads: its `image-text-to-text` export into `raw`, with the
+    family's architecture fix swapped in (`architectures.vlm_fix_applied`), this package's hooks (`_VlmExport`: the
+    reference before its conversion, the language model's form before it saves) and the calibration the plan asks
+    for. Returns the hooks' record (the references) and the fix it ran with (or None).
+
+    Raises:
+        ModelNotSupportedError: optimum-intel's export failed, or wrote no language model graph fed `inputs_embeds`.
+    """
+    export, model_type = _VlmExport(plan), plan.config.model_type
+    try:
+        with vlm_fix_applied(model_type) as fix, convert.one_model_load(
+                export.on_model, load_error=lambda err: load.load_error(plan.model, plan.config, err),
+                before_save=export.before_save), _calibrated(plan, calibration):
+            raw_export(plan.model, raw, task=VLM_TASK)
+    except (ModelNotSupportedError, InvalidOptionsError, ExportValidationError):
+        raise
+    except (Exception, SystemExit) as err:  # optimum-intel reports with ValueError, RuntimeError, ...
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise ModelNotSupportedError(
+            f"optimum-intel could not export {model_type} for {VLM_SHARED_TASK} (its {VLM_TASK} export"
+            f"{', with ' + fix.module if fix else ''}): {first}") from err
+    if export.language_graphs != 1 or not (raw / plan.shared_graph).is_file():
+        raise ModelNotSupportedError(
+            f"optimum-intel's {VLM_TASK} export of {model_type} wrote no language model graph fed "
+            f"inputs_embeds ({plan.shared_graph}): {VLM_SHARED_TASK} cannot export it")
+    return export, fix
+
+
+def _calibrated(plan: Plan, calibration):
+    """While active, optimum-intel's quantization as the plan says: a data-aware one on both stages of the language
+    model, on the plan's images (`quantization/visual.py`); a data-free one given no `--dataset` it would not use."""
+    from ..quantization import visual
+
+    if plan.calibration_set is not None:
+        from ..quantization.both_stages import both_stage_quantization
+
+        steps = plan.opts.calibration_decode_steps
+        return both_stage_quantization(steps, calibration,
+                                       quantize=visual.quantizer(plan.calibration_set, steps, calibration))
+    return visual.dataset_unused() if plan.dataset_unused else contextlib.nullcontext()
+
+
+def _validate(plan: Plan, export: "_VlmExport", raw: Path) -> dict:
+    """Item 4 (`validate_parts`) on the graphs in `raw`; the report the manifest records under `validation`."""
+    if export.reference is None:
+        return {"status": "skipped", "reason": "--skip-validation"}
+    progress.stage("validating")
+    return validate_parts(raw, export.reference, plan.weight_format)
+
+
 class _VlmExport:
     """The hooks on optimum-intel's export: the reference before conversion, the logits slice at save."""
 
-    def __init__(self, opts: ExportOptions, source: str | None = None):
-        self.opts = opts
+    def __init__(self, plan: Plan):
+        self.plan = plan  # read, never changed
         self.reference: Reference | None = None
         self.language_graphs = 0
-        self.source, self.stored, self.stored_missing = source, None, None  # validate()'s reference (vlm_reference)
+        self.stored, self.stored_missing = None, None  # validate()'s reference (vlm_reference)
 
     def on_model(self, pt_model, convert_model, written_to: Path):
+        opts = self.plan.opts
         pt_model.eval()
-        if not self.opts.skip_validation:
+        if not opts.skip_validation:
             progress.stage("recording generate()")
-            tokens = max(4, self.opts.validation_new_tokens or 8)
-            from . import vlm_reference
+            tokens = opts.validation_new_tokens  # planned (`plan.VLM_NEW_TOKENS` where the options leave it open)
             from .decompose import is_16bit
 
             def capture():  # the parts' reference, then validate()'s through the checkpoint's processor
                 reference = capture_reference(pt_model, tokens)
-                self.stored, self.stored_missing = vlm_reference.capture(pt_model, self.source, tokens,
-                                                                         self.opts.trust_remote_code)
+                self.stored, self.stored_missing = vlm_reference.capture(pt_model, self.plan.model, tokens,
+                                                                         opts.trust_remote_code)
                 return reference
 
             if is_16bit(pt_model):  # the graph computes in float32 with the 16-bit weights: so does the reference
@@ -326,8 +380,7 @@ class _VlmExport:
 
                 # the decoder layers upcast one at a time; the vision tower (it reads its weights' dtype) held in
                 # float32 for the whole forward
-                self.reference, report = capture_fp32(
-                    pt_model, capture, whole_forward=family_of(pt_model.config.model_type).vision_modules)
+                self.reference, report = capture_fp32(pt_model, capture, whole_forward=self.plan.family.vision_modules)
                 if report.low_precision_inputs:
                     self.reference.notes.append("validation reference computed with 16-bit activations into "
                                                 + ", ".join(sorted(report.low_precision_inputs)))
@@ -349,144 +402,5 @@ class _VlmExport:
         self.language_graphs += 1
         read_lengths_from_keys(ov_model)
         npuw_forms(ov_model)
-        if self.opts.logits == "last":
+        if self.plan.opts.logits == "last":
             slice_logits(ov_model)
-
-
-def plan_calibration(model: str, opts: ExportOptions, quantization: dict[str, Any] | None,
-                     quantization_config: Callable[[], Any] | None):
-    """The calibration set of a data-aware quantization (`quantization.visual.VisualDataset`), or None when the
-    flags ask for none; checked before any work.
-
-    Raises:
-        InvalidOptionsError: a `--dataset` that is neither a readable JSON-lines file nor one of optimum-intel's
-            vision-language sets (or one of those without the `datasets` package that reads it), or a checkpoint
-            without the processor the images go through.
-    """
-    import importlib.util
-
-    from ..quantization import visual
-    from ..quantization.calibration import is_data_aware
-
-    quantization = quantization or {}
-    # any --dataset is checked first: one that is not of images and instructions has no meaning here (optimum-intel
-    # would take a text set's name and fail in its calibration, and a file's path is no name it knows)
-    dataset = visual.resolve_dataset(quantization["dataset"]) if quantization.get("dataset") is not None else None
-    if opts.quantization_config is not None:
-        data_aware = is_data_aware(opts.quantization_config)
-    else:
-        data_aware = (quantization.get("dataset") is not None and quantization_config is not None
-                      and is_data_aware(quantization_config()))
-    if not data_aware:
-        return None
-    if dataset is None:  # the API's config with a list of texts as its dataset: no images
-        raise InvalidOptionsError("data-aware quantization of a vision-language model calibrates on images: give "
-                                  "the config's dataset as a JSON-lines file of images and instructions")
-    if dataset.name is not None and importlib.util.find_spec("datasets") is None:
-        raise InvalidOptionsError(
-            f"--dataset {dataset.name} is read from the hub by the datasets package, which is not installed: "
-            "pip install datasets, or pass a local JSON-lines file of images and instructions")
-    from ..proof.vlm import load_processor
-
-    _processor, why = load_processor(model, opts.trust_remote_code)
-    if why is not None:
-        raise InvalidOptionsError(
-            f"data-aware quantization feeds the calibration images through the checkpoint's processor, and {why}: "
-            "export from the checkpoint directory with its processor files (preprocessor_config.json, the tokenizer "
-            "and its chat template)")
-    return dataset
-
-
-def run_vlm_export(model: str, output_dir, opts: ExportOptions, *, raw_export: Callable[..., None],
-                   quantization: dict[str, Any] | None = None,
-                   quantization_config: Callable[[], Any] | None = None) -> Manifest:
-    """Export the vision-language model `model` into `output_dir` (module docstring); return the manifest.
-
-    `quantization_config` returns the config the CLI's quantization flags give (without exporting); with a
-    data-aware one the language model is calibrated on both stages (`quantization/visual.py`)."""
-    stages = ["loading", "recording generate()", "converting (optimum-intel)"]
-    stages += ([] if opts.skip_validation else ["validating"]) + ["writing"]
-    with progress.export_progress(stages, quiet=opts.quiet):
-        progress.stage("loading")
-        register_tasks()
-        if opts.is_static:
-            raise InvalidOptionsError(f"--task {VLM_SHARED_TASK} has no static shape mode yet: use --shape-mode dynamic")
-        output = Path(output_dir).absolute()
-        load.check_output(output)
-        config = load.load_config(model, opts)
-        model_type = getattr(config, "model_type", None)
-        if model_type not in supported_vlm_types():
-            raise ModelNotSupportedError(
-                f"{model_type} is not a model type --task {VLM_SHARED_TASK} exports: {not_exported_reason(model_type)} "
-                f"(it exports {', '.join(supported_vlm_types())}); for a text-only export of its language model use "
-                "--task text-generation-shared")
-        from .vlm_reference import check_image_token
-
-        check_image_token(model, config, opts.trust_remote_code)  # the processor's image token is the model's
-        # an activation-quantized graph (`--quant-mode`) has int8 weights too
-        weight_format = ("int8" if (quantization or {}).get("quant_mode")
-                         else (quantization or {}).get("weight_format") or opts.weight_format)
-        dataset = plan_calibration(model, opts, quantization, quantization_config)
-        calibration, calibrated = None, contextlib.nullcontext()
-        if dataset is not None:  # optimum-intel's data-aware quantization, on both stages of the language model
-            from ..quantization import visual
-            from ..quantization.both_stages import both_stage_quantization
-            from ..quantization.calibration import CalibrationReport
-
-            calibration = CalibrationReport()
-            calibrated = both_stage_quantization(
-                opts.calibration_decode_steps, calibration,
-                quantize=visual.quantizer(dataset, opts.calibration_decode_steps, calibration))
-        elif (quantization or {}).get("dataset") is not None:  # a data-free config: optimum-intel would not use it
-            from ..quantization import visual
-
-            calibrated = visual.dataset_unused()
-        if not opts.skip_validation:  # even the language model's smallest part cannot fit: stop before any work
-            memory.check_fits(config, weight_format)
-        export = _VlmExport(opts, source=model)
-        with convert.staging(output) as staging:
-            raw = staging / "raw"
-            try:
-                with vlm_fix_applied(model_type) as fix, convert.one_model_load(
-                        export.on_model, load_error=lambda err: load.load_error(model, config, err),
-                        before_save=export.before_save), calibrated:
-                    raw_export(model, raw, task=VLM_TASK)
-            except (ModelNotSupportedError, InvalidOptionsError, ExportValidationError):
-                raise
-            except (Exception, SystemExit) as err:  # optimum-intel reports with ValueError, RuntimeError, ...
-                first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-                raise ModelNotSupportedError(
-                    f"optimum-intel could not export {model_type} for {VLM_SHARED_TASK} (its {VLM_TASK} export"
-                    f"{', with ' + fix.module if fix else ''}): {first}") from err
-            if export.language_graphs != 1 or not (raw / LANGUAGE_XML).is_file():
-                raise ModelNotSupportedError(
-                    f"optimum-intel's {VLM_TASK} export of {model_type} wrote no language model graph fed "
-                    f"inputs_embeds ({LANGUAGE_XML}): {VLM_SHARED_TASK} cannot export it")
-            convert.return_freed_memory()
-            if export.reference is not None:
-                progress.stage("validating")
-                validation = validate_parts(raw, export.reference, weight_format)
-            else:
-                validation = {"status": "skipped", "reason": "--skip-validation"}
-            progress.stage("writing")
-            import openvino as ov
-
-            graphs = sorted(p.name for p in raw.glob("openvino_*.xml")
-                            if p.name not in ("openvino_tokenizer.xml", "openvino_detokenizer.xml"))
-            files = [LANGUAGE_XML] + [g for g in graphs if g != LANGUAGE_XML]
-            language = ov.Core().read_model(raw / LANGUAGE_XML)
-            extra = {"fixes": [fix.record()]} if fix is not None else {}
-            manifest = build_manifest(partitioning="shared", config=config, source=model, opts=opts, decoder=language,
-                                      files=files, quantization=quantization, calibration=calibration, graph_task=VLM_TASK,
-                                      model_extra=extra)
-            del language
-            manifest.task = VLM_SHARED_TASK
-            manifest.graph["language_model"] = LANGUAGE_XML
-            manifest.validation = validation
-            from .vlm_reference import to_store
-
-            stored = to_store(export.stored, export.stored_missing, validation, raw)
-            write.write_artifact(raw, staging / "final", {g: None for g in files}, manifest, reference=stored)
-            write.move_into_place(staging / "final", output)
-        manifest.path = output / MANIFEST_NAME
-        return manifest

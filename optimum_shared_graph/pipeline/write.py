@@ -12,23 +12,23 @@ from .. import progress
 from ..errors import ModelNotSupportedError
 from ..graph.logits import is_sliced, slice_logits
 from ..graph.static import shapes_of
-from ..manifest import (GRAPH_XML, RT_INFO_KEY, STATIC_GRAPH_XML, DigestsBeside, Manifest, build_manifest,
-                        digest_graph_files)
+from ..manifest import GRAPH_XML, RT_INFO_KEY, DigestsBeside, Manifest, build_manifest, digest_graph_files
 from ..proof.stored import Reference
+from ..tasks import VLM_TASK
 from . import fallback
 
 
-def prepare(raw: Path, config, capture, opts, model, quantization, calibration=None, *,
+def prepare(raw: Path, graph_xml: str, config, capture, opts, model, quantization, calibration=None, *,
             model_extra: dict | None = None):
-    """The shared graph optimum-intel (or the static trace) wrote into `raw`, with its logits slice, and the
-    manifest that describes it (no validation yet); return `(graph_xml, ov_model, unchanged, manifest)`.
+    """The shared graph `graph_xml` (the plan's) optimum-intel (or the static trace) wrote into `raw`, with its
+    logits slice, and the manifest that describes it (no validation yet); return
+    `(graph_xml, ov_model, unchanged, manifest)`.
 
     `model_extra` adds to the manifest's `model` (the architecture fix the export ran with, the `config.json` keys
     completed, a multimodal checkpoint's language model: `pipeline/export.py`'s `_model_facts`).
     """
     import openvino as ov
 
-    graph_xml = STATIC_GRAPH_XML if opts.is_static else GRAPH_XML
     graphs = sorted(p.name for p in raw.glob("openvino_*model*.xml") if "tokenizer" not in p.name)
     if graphs != [graph_xml]:
         raise ModelNotSupportedError(
@@ -48,6 +48,27 @@ def prepare(raw: Path, config, capture, opts, model, quantization, calibration=N
         model_extra={**exported_module(capture), **notes, **(model_extra or {})},
     )
     return graph_xml, ov_model, unchanged, manifest
+
+
+def prepare_parts(raw: Path, plan, quantization, calibration, validation: dict, *,
+                  model_extra: dict | None = None) -> Manifest:
+    """The manifest of an image-text-to-text-shared export: every graph optimum-intel wrote into `raw` (the tokenizer's
+    aside), the shared one (`plan.shared_graph`, the language model) first and described, with the `validation`
+    report; `model_extra` adds to its `model` (the architecture fix the export ran with)."""
+    import openvino as ov
+
+    graphs = sorted(p.name for p in raw.glob("openvino_*.xml")
+                    if p.name not in ("openvino_tokenizer.xml", "openvino_detokenizer.xml"))
+    files = [plan.shared_graph] + [g for g in graphs if g != plan.shared_graph]
+    language = ov.Core().read_model(raw / plan.shared_graph)  # its ports and states are described
+    manifest = build_manifest(partitioning="shared", config=plan.config, source=plan.model, opts=plan.opts,
+                              decoder=language, files=files, quantization=quantization, calibration=calibration,
+                              graph_task=VLM_TASK, model_extra=model_extra)
+    del language
+    manifest.task = plan.task
+    manifest.graph["language_model"] = plan.shared_graph
+    manifest.validation = validation
+    return manifest
 
 
 def exported_module(capture) -> dict:

@@ -45,12 +45,12 @@ import numpy as np
 
 from .. import host
 from ..errors import InvalidOptionsError, ModelNotSupportedError
+from ..manifest import LANGUAGE_XML
 from ..progress import bar
 from .calibration import (
     COMPILE_CONFIG, CalibrationReport, _apply_calibrated, _NotStatefulWarning, _prepared_config, make_stateful,
 )
 
-LANGUAGE_XML = "openvino_language_model.xml"
 # the language model's inputs other than its state
 _STEP_INPUTS = {"inputs_embeds", "attention_mask", "position_ids", "token_type_ids", "beam_idx"}
 # what optimum-intel's VLM calibration does to a large image: resized to fit in this many pixels, keeping its aspect

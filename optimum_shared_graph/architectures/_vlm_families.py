@@ -1,9 +1,11 @@
 """What `--task image-text-to-text-shared` needs to know of each vision-language family to validate its export.
 
-The export itself is optimum-intel's (`pipeline/vlm.py`); its validation (`vlm.capture_reference`,
-`vlm.validate_parts`) is the same for every family: PyTorch's greedy `generate()` on an image and a text prompt,
-each language model call recorded, then the OpenVINO vision and text embedding graphs against PyTorch, then the
-language model graph fed what the OpenVINO parts computed. A `Family` says what differs:
+Beside the architecture fixes (the modules of this package whose `vlm_export_config` repairs a family's
+image-text-to-text export), the facts of each family the export's validation reads. The export itself is
+optimum-intel's (`pipeline/vlm.py`); its validation (`pipeline/vlm.capture_reference`, `pipeline/vlm.validate_parts`)
+is the same for every family: PyTorch's greedy `generate()` on an image and a text prompt, each language model call
+recorded, then the OpenVINO vision and text embedding graphs against PyTorch, then the language model graph fed what
+the OpenVINO parts computed. A `Family` says what differs:
 
 - `validation_inputs`: the validation image (seeded patches in the processor's output layout, so no processor is
   needed) and the prompt around it, built from the configuration's image token ids: what `generate()` is given;
@@ -21,6 +23,9 @@ language model graph fed what the OpenVINO parts computed. A `Family` says what 
 - `ov_call_inputs`: language model inputs that other exported graphs compute (Gemma 4's per-layer embeddings of
   the tokens, Qwen3-VL's deepstack image features), run as `OVModelForVisualCausalLM` runs them, fed instead of
   PyTorch's.
+
+`FAMILIES` maps the model types the task exports to their family (`architectures.supported_vlm_types()`); `NOT_EXPORTED` says
+why each other vision-language type of optimum-intel's is not exported (`not_exported_reason`).
 """
 
 from __future__ import annotations
@@ -74,10 +79,11 @@ class Family:
         """The logits of the `lm_head` output (as `generate()` picks from them)."""
         return head_output
 
-    def ov_call_inputs(self, parts, directory, token_ids: list[np.ndarray],
-                       inputs: dict[str, np.ndarray]) -> list[dict[str, np.ndarray]]:
+    def ov_call_inputs(self, parts, directory, token_ids: list[np.ndarray], inputs: dict[str, np.ndarray],
+                       compile_config: dict) -> list[dict[str, np.ndarray]]:
         """Per call (its token ids, (1, n); the prefill's are the prompt, with the image `inputs`): language model
-        inputs computed by other graphs in `directory` (`parts`: `OVModelForVisualCausalLM` loaded from it)."""
+        inputs computed by other graphs in `directory` (`parts`: `OVModelForVisualCausalLM` loaded from it; a graph
+        compiled here on the CPU with `compile_config`, the validation's properties)."""
         return [{} for _ in token_ids]
 
 
@@ -178,7 +184,7 @@ class Qwen3VL(Qwen2VL):
                                                         torch.from_numpy(inputs["image_grid_thw"]))
         return np.asarray(image, dtype=np.float32)
 
-    def ov_call_inputs(self, parts, directory, token_ids, inputs):
+    def ov_call_inputs(self, parts, directory, token_ids, inputs, compile_config):
         import torch
 
         _image, deepstack = parts.get_vision_embeddings(torch.from_numpy(inputs["pixel_values"]),
@@ -438,12 +444,10 @@ class Gemma4(Family):
         cap = config.get_text_config().final_logit_softcapping
         return head_output if cap is None else torch.tanh(head_output / cap) * cap
 
-    def ov_call_inputs(self, parts, directory, token_ids, inputs):
+    def ov_call_inputs(self, parts, directory, token_ids, inputs, compile_config):
         import openvino as ov
 
-        from ..runtimes.session import EXACT_CONFIG
-
-        model = ov.Core().compile_model(directory / self.PER_LAYER_XML, "CPU", EXACT_CONFIG)
+        model = ov.Core().compile_model(directory / self.PER_LAYER_XML, "CPU", compile_config)
         return [{"per_layer_inputs": model(ids)[0].astype(np.float32)} for ids in token_ids]
 
 

@@ -197,6 +197,73 @@ def statistics(base: Path, prompts, designs: list[str]) -> dict:
     return out
 
 
+LABELS = {"prefill": "prefill only", "grouped": "+ 4 decode calls per text, one sample per text",
+          "merged": "+ 4 decode calls per text, merged to prompt-length samples",
+          "merged16": "+ 16 decode calls per text, merged to prompt-length samples"}
+MODES = {"int4-awq-se": "int4 AWQ + scale estimation (group size 64, ratio 1.0)", "int4-awq": "int4 AWQ",
+         "int4-se": "int4 scale estimation", "int4-gptq": "int4 GPTQ", "int4-mixed": "int4/int8 mixed, hessian",
+         "int8": "`--quant-mode int8` (MINMAX ranges)"}
+BEGIN, END = "<!-- calibration-design:begin -->", "<!-- calibration-design:end -->"
+
+
+def render(runs: list[dict]) -> str:
+    """The docs section: per model, per mode and design, the error against PyTorch; then the statistics."""
+    lines = [BEGIN, "## Calibration designs: what the decode calls change, per algorithm", "",
+             "Each model's optimum-intel stateless fp32 graph quantized in-process through optimum-intel's entry point "
+             "(as an export does) with each calibration set, same texts, same `--num-samples`; evaluated as above "
+             "(prompt windows in one prefill call, teacher-forced decode calls, f32 properties). KL over every "
+             "evaluated position; *vs prefill only*: the ratio of KLs. One run of "
+             "`python benchmarks/calibration_design.py` per model.", ""]
+    for r in runs:
+        lines += [f"### {r['model']} ({r['model_type']})", "",
+                  f"{r['texts']} calibration texts ({r['calibration_file']}), {r['windows']} windows of "
+                  f"{r['eval_file']} ({r['prompt']}-token prompt, {r['decode']} decode calls); PyTorch perplexity "
+                  f"{r['pytorch_perplexity']:.2f}; {r['date']}, {r['machine']['cpu']}.", "",
+                  "| mode | calibration | NNCF samples (prefill + decode) | perplexity vs PyTorch | KL | KL vs prefill only "
+                  "| top-1 |", "|---|---|---|---|---|---|---|"]
+        for row in r["rows"]:
+            st = row["stats"]
+            ratio = f"{st['kl_vs_prefill']:.3f}x" if "kl_vs_prefill" in st else ""
+            lines.append(f"| {MODES.get(row['mode'], row['mode'])} | {LABELS.get(row['design'], row['design'])} | "
+                         f"{row['prefill_calls']} + {row['samples'] - row['prefill_calls']} "
+                         f"({row['decode_calls']} decode calls) | "
+                         f"{100 * (st['perplexity'] / r['pytorch_perplexity'] - 1):+.2f}% | {st['kl']:.4g} | {ratio} | "
+                         f"{100 * st['top1']:.2f}% |")
+        stats = r.get("statistics")
+        if stats:
+            lines += ["", f"What each design's samples give NNCF ({stats['matmuls']} activations feeding weights):", "",
+                      "| calibration | samples: decode share | tokens: decode share | mean tokens per prefill / decode "
+                      "sample | AWQ subset (32): prefill + decode | AWQ/SE channel magnitude s, median ratio to "
+                      "prefill only (max) | channels whose s a decode sample sets | int8 min-max ranges widened "
+                      "(median ratio, max) |", "|---|---|---|---|---|---|---|---|"]
+            for design, d in stats.items():
+                if not isinstance(d, dict):
+                    continue
+                dec = f"{d['mean_tokens_decode_sample']:.1f}" if d["mean_tokens_decode_sample"] else "-"
+                lines.append(
+                    f"| {LABELS.get(design, design)} | {100 * d['decode_share_of_samples']:.0f}% | "
+                    f"{100 * d['decode_share_of_tokens']:.1f}% | {d['mean_tokens_prefill_sample']:.1f} / {dec} | "
+                    f"{d['awq_subset_32']['prefill']} + {d['awq_subset_32']['decode']} | "
+                    f"{d['s_ratio_median_over_matmuls']:.3f}x ({d['s_ratio_max_over_matmuls']:.2f}x) | "
+                    f"{100 * d['channels_whose_s_a_decode_sample_sets']:.1f}% | "
+                    f"{100 * d['minmax_ranges_widened']:.0f}% ({d['minmax_range_ratio_median']:.3f}x, "
+                    f"{d['minmax_range_ratio_max']:.2f}x) |")
+        lines.append("")
+    lines.append(END)
+    return "\n".join(lines)
+
+
+def write_docs(docs: Path, jsons: list[Path]) -> None:
+    runs = [json.loads(j.read_text()) for j in jsons]
+    page = docs.read_text()
+    section = render(runs)
+    if BEGIN in page:
+        page = page[:page.index(BEGIN)] + section + page[page.index(END) + len(END):]
+    else:
+        page = page.replace("\n## Reproduce", "\n" + section + "\n\n## Reproduce")
+    docs.write_text(page)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="real", help="'real' (SmolLM2-135M-Instruct) or a local HF directory")
@@ -211,7 +278,12 @@ def main() -> None:
     parser.add_argument("--stats", action="store_true", help="also measure what the samples change in the statistics")
     parser.add_argument("--work", type=Path, default=HERE / "results" / "calibration_design")
     parser.add_argument("--keep", action="store_true", help="keep the quantized graphs")
+    parser.add_argument("--docs", type=Path, nargs="+", metavar="JSON",
+                        help="only write docs/quality.md's section from these runs' JSON files")
     args = parser.parse_args()
+    if args.docs:
+        write_docs(ROOT / "docs" / "quality.md", args.docs)
+        return
 
     from transformers import AutoTokenizer
 

@@ -58,7 +58,10 @@ def make_plan(model: str, output_dir, opts: ExportOptions, *, quantization: dict
         static = resolve_static_shapes(config, opts)
         cli_config = quantization_config() if quantization_config is not None else None
         if cli_config is not None:  # the CLI's quantization flags, as optimum-intel reads them
-            check_static_quantization(static, opts.calibration_decode_steps, cli_config)
+            from ..quantization.calibration import DEFAULT_DECODE_STEPS
+
+            steps = DEFAULT_DECODE_STEPS if opts.calibration_decode_steps is None else opts.calibration_decode_steps
+            check_static_quantization(static, steps, cli_config)
         static_plan = plan_static_quantization(
             static, opts, calibrating=opts.quantization_config is not None or is_data_aware(cli_config))
     weight_format = (quantization or {}).get("weight_format") or opts.weight_format

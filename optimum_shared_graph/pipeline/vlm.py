@@ -431,12 +431,11 @@ def run_vlm_export(model: str, output_dir, opts: ExportOptions, *, raw_export: C
         if dataset is not None:  # optimum-intel's data-aware quantization, on both stages of the language model
             from ..quantization import visual
             from ..quantization.both_stages import both_stage_quantization
-            from ..quantization.calibration import CalibrationReport
+            from ..quantization.calibration import DEFAULT_DECODE_STEPS, CalibrationReport
 
             calibration = CalibrationReport()
-            calibrated = both_stage_quantization(
-                opts.calibration_decode_steps, calibration,
-                quantize=visual.quantizer(dataset, opts.calibration_decode_steps, calibration))
+            steps = DEFAULT_DECODE_STEPS if opts.calibration_decode_steps is None else opts.calibration_decode_steps
+            calibrated = both_stage_quantization(steps, calibration, quantize=visual.quantizer(dataset, steps, calibration))
         elif (quantization or {}).get("dataset") is not None:  # a data-free config: optimum-intel would not use it
             from ..quantization import visual
 

@@ -221,9 +221,16 @@ def render(runs: list[dict]) -> str:
                   f"{r['pytorch_perplexity']:.2f}; {r['date']}, {r['machine']['cpu']}.", "",
                   "| mode | calibration | NNCF samples (prefill + decode) | perplexity vs PyTorch | KL | KL vs prefill only "
                   "| top-1 |", "|---|---|---|---|---|---|---|"]
+        prefill = {row["mode"]: row["stats"] for row in r["rows"] if row["design"] == "prefill"}
         for row in r["rows"]:
-            st = row["stats"]
-            ratio = f"{st['kl_vs_prefill']:.3f}x" if "kl_vs_prefill" in st else ""
+            st, base = row["stats"], prefill.get(row["mode"])
+            ratio = f"{st['kl'] / base['kl']:.3f}x" if base else ""
+            if base and row["design"] != "prefill":  # paired: the same windows, this design against prefill only
+                def per_window(x):
+                    return [(a * r["prompt"] + b * r["decode"]) / (r["prompt"] + r["decode"])
+                            for a, b in zip(x["kl_prefill_windows"], x["kl_decode_windows"])]
+                lower = sum(a < b for a, b in zip(per_window(st), per_window(base)))
+                ratio += f", lower in {lower} of {len(base['kl_decode_windows'])} windows"
             lines.append(f"| {MODES.get(row['mode'], row['mode'])} | {LABELS.get(row['design'], row['design'])} | "
                          f"{row['prefill_calls']} + {row['samples'] - row['prefill_calls']} "
                          f"({row['decode_calls']} decode calls) | "

@@ -179,7 +179,7 @@ def test_decode_samples_carry_their_kv_cache(export, quantizable_model):
 def test_default_decode_steps_follow_the_algorithm(export):
     """Without --calibration-decode-steps: data-aware weight compression calibrates on prefill calls only, full
     quantization on both stages, and the manifest says why; the flag, when given, is what runs."""
-    from optimum_shared_graph.quantization.calibration import DEFAULT_DECODE_STEPS
+    from optimum_shared_graph.quantization.calibration import FULL_QUANTIZATION_DECODE_STEPS as STEPS
 
     awq = read_manifest(export("int4-awq-default", "--weight-format", "int4", "--awq", "--group-size", "64",
                                "--ratio", "1.0", "--num-samples", "4")).quantization
@@ -187,8 +187,8 @@ def test_default_decode_steps_follow_the_algorithm(export):
     assert awq["calibration_decode_steps"] == 0
     assert "prefill calls only" in awq["calibration_decode_steps_reason"]
     int8 = read_manifest(export("int8-default", "--quant-mode", "int8", "--num-samples", "4")).quantization
-    assert int8["calibration_samples"] == {"prefill": 4, "decode": 4 * DEFAULT_DECODE_STEPS}
-    assert int8["calibration_decode_steps"] == DEFAULT_DECODE_STEPS
+    assert int8["calibration_samples"] == {"prefill": 4, "decode": 4 * STEPS}
+    assert int8["calibration_decode_steps"] == STEPS
     assert "full quantization" in int8["calibration_decode_steps_reason"]
     given = read_manifest(export("int4-awq", "--weight-format", "int4", "--awq", "--group-size", "64", "--ratio", "1.0",
                                  "--calibration-decode-steps", str(DECODE_STEPS))).quantization
@@ -204,15 +204,16 @@ def test_decode_steps_for_real_optimum_intel_configs():
         OVWeightQuantizationConfig,
     )
 
-    from optimum_shared_graph.quantization.calibration import DEFAULT_DECODE_STEPS, decode_steps_for
+    from optimum_shared_graph.quantization.calibration import FULL_QUANTIZATION_DECODE_STEPS as STEPS
+    from optimum_shared_graph.quantization.calibration import decode_steps_for
 
     awq = OVWeightQuantizationConfig(bits=4, quant_method="awq", scale_estimation=True, dataset="wikitext2")
     assert decode_steps_for(None, awq)[0] == 0
     assert decode_steps_for(None, {"bits": 4, "gptq": True, "dataset": "wikitext2"})[0] == 0
-    assert decode_steps_for(None, OVQuantizationConfig(dataset="wikitext2"))[0] == DEFAULT_DECODE_STEPS
+    assert decode_steps_for(None, OVQuantizationConfig(dataset="wikitext2"))[0] == STEPS
     mixed = OVMixedQuantizationConfig(OVWeightQuantizationConfig(bits=4), OVQuantizationConfig(dtype="f8e4m3"),
                                       dataset="wikitext2")
-    assert decode_steps_for(None, mixed)[0] == DEFAULT_DECODE_STEPS  # activations quantized too
+    assert decode_steps_for(None, mixed)[0] == STEPS  # activations quantized too
     assert decode_steps_for(2, awq) == (2, "--calibration-decode-steps")
     assert decode_steps_for(0, OVQuantizationConfig(dataset="wikitext2")) == (0, "--calibration-decode-steps")
 

@@ -40,7 +40,7 @@ from ..progress import bar
 from ..runtimes.session import position_ids_from_mask
 from .calibration import (
     COMPILE_CONFIG,
-    CalibrationReport, _apply_calibrated, _as_numpy, _prepared_config, decode_steps_for, is_data_aware, is_weight_compression,
+    CalibrationReport, _apply_calibrated, _as_numpy, _prepared_config, decode_steps_for, is_data_aware,
     load_stateless, make_stateful, prompt_inputs,
 )
 
@@ -313,10 +313,11 @@ def quantize_both_stages(
         raise ModelNotSupportedError("calibration on both stages expected optimum-intel's stateless export")
     config = _prepared_config(model, quantization_config, model_name_or_path)
     prompts = prompt_inputs(model, config, trust_remote_code)
-    # weight compression's statistics are one mean per sample, every sample weighing the same: decode calls asked for
-    # are merged into samples as long as a mean prompt, so they weigh by their tokens (benchmarks/calibration_design.py)
+    # weight compression's statistics are one mean per sample, every sample weighing the same: decode calls are merged
+    # into samples as long as a mean prompt, so they weigh by their tokens (benchmarks/calibration_design.py); for full
+    # quantization's min-max ranges the merge changes nothing but the sample count (the design measured)
     merged = None
-    if decode_steps and is_weight_compression(config) and prompts:
+    if decode_steps and prompts:
         merged = max(1, round(float(np.mean([_as_numpy(p["input_ids"]).shape[-1] for p in prompts]))))
     samples = BothStageSamples(model.model, prompts, decode_steps, decode_tokens_per_sample=merged)
     report.record(samples, decode_steps)

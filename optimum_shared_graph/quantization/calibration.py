@@ -15,8 +15,13 @@ import numpy as np
 
 from ..errors import InvalidOptionsError
 
-# Decode calls gathered after each prefill where both stages are calibrated (`decode_steps_for`).
+# Decode calls gathered after each prefill where both stages are calibrated: static graphs and vision-language
+# models (not measured against prefill only), and `FULL_QUANTIZATION_DECODE_STEPS` for a text graph's full
+# quantization (`decode_steps_for`).
 DEFAULT_DECODE_STEPS = 4
+# `--quant-mode` on a text graph: 16 decode calls per text (pasts up to 16 tokens past the prompt) gave 0.87x
+# prefill-only's KL on SmolLM2-135M-Instruct, 4 gave 0.95x (benchmarks/calibration_design.py, docs/quality.md).
+FULL_QUANTIZATION_DECODE_STEPS = 16
 # Why a text graph's data-aware weight compression calibrates on prefill calls only unless asked otherwise
 # (what the manifest's `calibration_decode_steps_reason` says). NNCF's AWQ and scale estimation reduce each sample
 # to one mean activation vector (`OVMeanReducer` over batch and sequence) and weigh every sample the same
@@ -30,7 +35,8 @@ WEIGHT_COMPRESSION_PREFILL_ONLY = (
     "default for data-aware weight compression: prefill calls only (decode samples raised AWQ and scale "
     "estimation's error on trained models, docs/quality.md); --calibration-decode-steps N adds them"
 )
-BOTH_STAGES = "default for full quantization: prefill and 4 decode calls per text (lower error than prefill only)"
+BOTH_STAGES = ("default for full quantization: prefill and 16 decode calls per text, merged to prompt-length samples "
+               "(lower error than prefill only or 4 decode calls, docs/quality.md)")
 
 # NNCF's estimator of activation ranges in full quantization (`--quant-mode`): a name in
 # `nncf.quantization.range_estimator.RangeEstimatorParametersSet`, or None for NNCF's own default.
@@ -160,13 +166,13 @@ def is_weight_compression(quantization_config: Any) -> bool:
 
 def decode_steps_for(requested: int | None, quantization_config: Any) -> tuple[int, str]:
     """The decode calls calibrated after each text's prefill for a text graph, and why: `requested` when given
-    (`--calibration-decode-steps`), else 0 for data-aware weight compression and `DEFAULT_DECODE_STEPS` for full
-    or mixed quantization, as measured (`WEIGHT_COMPRESSION_PREFILL_ONLY`)."""
+    (`--calibration-decode-steps`), else 0 for data-aware weight compression and `FULL_QUANTIZATION_DECODE_STEPS` for
+    full or mixed quantization, as measured (`WEIGHT_COMPRESSION_PREFILL_ONLY`, `BOTH_STAGES`)."""
     if requested is not None:
         return requested, "--calibration-decode-steps"
     if is_weight_compression(quantization_config):
         return 0, WEIGHT_COMPRESSION_PREFILL_ONLY
-    return DEFAULT_DECODE_STEPS, BOTH_STAGES
+    return FULL_QUANTIZATION_DECODE_STEPS, BOTH_STAGES
 
 
 def _as_numpy(value):

@@ -62,8 +62,8 @@ class ExportOptions:
             behaviour). `None` (the default) chooses per algorithm, as measured on trained models
             (`quantization.calibration.decode_steps_for`, docs/quality.md): 0 for data-aware weight
             compression of a text graph (AWQ, scale estimation, GPTQ, data-aware mixed precision: the
-            decode samples made its error higher), 4 for full quantization (`--quant-mode`), for static
-            graphs and for vision-language models.
+            decode samples made its error higher), 16 for a text graph's full quantization
+            (`--quant-mode`), 4 for static graphs and vision-language models.
         quiet: no progress display. Progress (the export's stages, the generate() capture,
             validation and calibration steps) goes to stderr only when it is a terminal; `quiet`
             also turns off transformers', huggingface_hub's and NNCF's progress bars during the export.

@@ -285,6 +285,8 @@ def main() -> None:
     parser.add_argument("--stats", action="store_true", help="also measure what the samples change in the statistics")
     parser.add_argument("--work", type=Path, default=HERE / "results" / "calibration_design")
     parser.add_argument("--keep", action="store_true", help="keep the quantized graphs")
+    parser.add_argument("--base-task", choices=["with-past", "shared"], default="with-past",
+                        help="the fp32 stateless graph: optimum-intel's with-past export, or text-generation-shared's")
     parser.add_argument("--docs", type=Path, nargs="+", metavar="JSON",
                         help="only write docs/quality.md's section from these runs' JSON files")
     args = parser.parse_args()
@@ -305,7 +307,11 @@ def main() -> None:
     work.mkdir(parents=True, exist_ok=True)
     base = work / "fp32-stateless"
     if not (base / "openvino_model.xml").is_file():
-        subprocess.run(["optimum-cli", "export", "openvino", "-m", str(model), "--task", "text-generation-with-past",
+        # optimum-intel's own stateless export; where its version cap refuses the model type, this package's task
+        # (which lifts the cap once validation passes) with every logit kept, stateless as well
+        task = ["--task", "text-generation-with-past"] if args.base_task == "with-past" else [
+            "--task", "text-generation-shared", "--logits", "all"]
+        subprocess.run(["optimum-cli", "export", "openvino", "-m", str(model), *task,
                         "--weight-format", "fp32", "--disable-stateful", str(base)], check=True, capture_output=True)
     tokenizer = AutoTokenizer.from_pretrained(model)
     tokens = np.asarray(tokenizer(args.eval.read_text(encoding="utf-8"))["input_ids"], dtype=np.int64)

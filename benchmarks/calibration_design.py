@@ -285,6 +285,7 @@ def main() -> None:
     parser.add_argument("--stats", action="store_true", help="also measure what the samples change in the statistics")
     parser.add_argument("--work", type=Path, default=HERE / "results" / "calibration_design")
     parser.add_argument("--keep", action="store_true", help="keep the quantized graphs")
+    parser.add_argument("--name", help="the model's name on the page (default: its directory's name)")
     parser.add_argument("--base-task", choices=["with-past", "shared"], default="with-past",
                         help="the fp32 stateless graph: optimum-intel's with-past export, or text-generation-shared's")
     parser.add_argument("--docs", type=Path, nargs="+", metavar="JSON",
@@ -320,7 +321,7 @@ def main() -> None:
     wins = train_small.heldout_windows(tokens, count, length)
     texts = [line for line in args.texts.read_text(encoding="utf-8").splitlines() if line.strip()][:args.num_samples]
     config = json.loads((model / "config.json").read_text())
-    results = {"model": name, "model_type": config.get("model_type"), "date": time.strftime("%Y-%m-%d"),
+    results = {"model": args.name or name, "model_type": config.get("model_type"), "date": time.strftime("%Y-%m-%d"),
                "machine": {"cpu": context.cpu_name()}, "windows": count, "prompt": args.prompt, "decode": args.decode,
                "calibration_file": args.texts.name, "eval_file": args.eval.name, "texts": len(texts), "rows": []}
     ref = quality.torch_logprobs(model, wins, args.prompt + args.decode)

@@ -212,8 +212,10 @@ def render(runs: list[dict]) -> str:
              "Each model's optimum-intel stateless fp32 graph quantized in-process through optimum-intel's entry point "
              "(as an export does) with each calibration set, same texts, same `--num-samples`; evaluated as above "
              "(prompt windows in one prefill call, teacher-forced decode calls, f32 properties). KL over every "
-             "evaluated position; *vs prefill only*: the ratio of KLs. One run of "
-             "`python benchmarks/calibration_design.py` per model.", ""]
+             "evaluated position; *vs prefill only*: the ratio of KLs, and in how many windows the design's KL was lower "
+             "(paired). One run of `python benchmarks/calibration_design.py` per model. The sections above were "
+             "measured before the defaults below changed: their both-stage rows ran 4 decode calls per text, one "
+             "sample per text (the default then).", ""]
     for r in runs:
         lines += [f"### {r['model']} ({r['model_type']})", "",
                   f"{r['texts']} calibration texts ({r['calibration_file']}), {r['windows']} windows of "

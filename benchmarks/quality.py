@@ -89,8 +89,8 @@ def variants(texts: Path, texts_double: Path, capacity: int, num_samples: int) -
          SHARED + ["--logits", "all", "--quant-mode", "int8", *double, "--calibration-decode-steps", "0"], "dynamic"),
         ("int4-awq-prefill", "shared, int4 AWQ + scale estimation, prefill-only",
          SHARED + ["--logits", "all", *AWQ, *data, "--calibration-decode-steps", "0"], "dynamic"),
-        ("int4-awq-both", "shared, int4 AWQ + scale estimation, both stages (default steps)",
-         SHARED + ["--logits", "all", *AWQ, *data], "dynamic"),
+        ("int4-awq-both", "shared, int4 AWQ + scale estimation, both stages (4 decode steps)",
+         SHARED + ["--logits", "all", *AWQ, *data, "--calibration-decode-steps", "4"], "dynamic"),
     ]
     out = [dict(key=k, label=label, flags=flags, runner=runner, config=EXACT, artifact=k) for k, label, flags, runner in rows]
     # optimum-intel's shipped compile defaults (the IR's runtime options: KV cache f16)
@@ -116,8 +116,8 @@ def real_variants(texts: Path, num_samples: int) -> list[dict]:
         ("int4-weights", "shared, int4 weights (data-free, group size 64)", SHARED + ["--logits", "all", *INT4_64]),
         ("int4-awq-prefill", "shared, int4 AWQ + scale estimation, prefill-only calibration",
          SHARED + ["--logits", "all", *AWQ, *data, "--calibration-decode-steps", "0"]),
-        ("int4-awq-both", "shared, int4 AWQ + scale estimation, both stages (default steps)",
-         SHARED + ["--logits", "all", *AWQ, *data]),
+        ("int4-awq-both", "shared, int4 AWQ + scale estimation, both stages (4 decode steps)",
+         SHARED + ["--logits", "all", *AWQ, *data, "--calibration-decode-steps", "4"]),
     ]
     out = [dict(key=k, label=label, flags=flags, runner="dynamic", config=EXACT, artifact=k) for k, label, flags in rows]
     # the CPU plugin quantizes the activations of matmuls with compressed weights to 8 bits (its dynamic quantization,
@@ -328,8 +328,8 @@ def render(r: dict) -> str:
         f"perplexity on these positions is {ref['perplexity']:.2f} ({ref['perplexity_decode']:.2f} on the decode positions).",
         f"- **Quantization calibration**: {r['calibration_texts']} texts from train-split files (`{r['calibration_file_name']}`, "
         "consecutive source lines joined by a space, one text per file), `--num-samples "
-        f"{r['calibration_texts']}`; both-stage rows use the default `--calibration-decode-steps` "
-        f"({r['default_decode_steps']}); each artifact's flags are listed below the table.",
+        f"{r['calibration_texts']}`; both-stage rows: `--calibration-decode-steps` "
+        f"{r['default_decode_steps']}; each artifact's flags are listed below the table.",
         f"- **Compile**: `{json.dumps(EXACT)}` (the error is the export's or the quantization's alone), except the "
         "two *shipped defaults* rows (no config: the IR's runtime options, KV cache f16).",
         f"- **Machine**: {r['machine']['cpu']}, {r['machine']['cores']} cores, shared with other jobs; "
@@ -491,15 +491,25 @@ BEGIN, END = "<!-- real-model:begin -->", "<!-- real-model:end -->"
 def splice(page: str, section: str) -> str:
     """`page` with its real-model section replaced by `section` (inserted before "## Reproduce" if it has none)."""
     if BEGIN in page and END in page:
-        return page[:page.index(BEGIN)] + section + page[page.index(END) + len(END):]
+        kept = real_section(page)  # the real-model section, and the calibration designs after it
+        # a new real-model section keeps the designs after it; a kept pair (both sections) replaces both
+        tail = "" if DESIGN_BEGIN in section else kept[kept.index(END) + len(END):]
+        return page[:page.index(BEGIN)] + section + tail + page[page.index(BEGIN) + len(kept):]
     at = page.index("## Reproduce") if "## Reproduce" in page else len(page)
     return page[:at] + section + "\n\n" + page[at:]
 
 
+DESIGN_BEGIN, DESIGN_END = "<!-- calibration-design:begin -->", "<!-- calibration-design:end -->"
+
+
 def real_section(page: str) -> str | None:
-    """The real-model section of a page, markers included, or None."""
+    """The real-model section of a page, markers included, or None; with it, the calibration-designs section
+    `benchmarks/calibration_design.py` writes after it, so that a trained-model run keeps both."""
     if BEGIN in page and END in page:
-        return page[page.index(BEGIN):page.index(END) + len(END)]
+        end = page.index(END) + len(END)
+        if DESIGN_BEGIN in page[end:] and DESIGN_END in page[end:]:
+            end = page.index(DESIGN_END, end) + len(DESIGN_END)
+        return page[page.index(BEGIN):end]
     return None
 
 
@@ -524,7 +534,7 @@ def run_real(args) -> None:
     """Export and evaluate SmolLM2-135M-Instruct; write its JSON and its section of the page."""
     from transformers import AutoTokenizer
 
-    from optimum_shared_graph.options import ExportOptions
+    from optimum_shared_graph.quantization.calibration import DEFAULT_DECODE_STEPS
     from optimum_shared_graph.testing import REAL_MODEL, real_model
 
     start = time.perf_counter()
@@ -547,7 +557,7 @@ def run_real(args) -> None:
         "model_name": REAL_MODEL["name"], "source": {k: REAL_MODEL[k] for k in ("package", "version", "gguf", "sha256")},
         "date": time.strftime("%Y-%m-%d"), "windows": count, "prompt": args.prompt, "decode": args.decode,
         "eval_tokens": int(len(tokens)), "calibration_texts": texts, "calibration_file_name": REAL_CALIBRATION.name,
-        "default_decode_steps": ExportOptions().calibration_decode_steps,
+        "default_decode_steps": DEFAULT_DECODE_STEPS,
         "model": {k: config[k] for k in ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
                                          "intermediate_size", "vocab_size")},
         "machine": {"cpu": context.cpu_name(), "cores": os.cpu_count(), "python": platform.python_version()},
@@ -658,8 +668,8 @@ def render_real(r: dict) -> str:
              f"probability {ref['mean_top1_prob']:.2f}.",
              f"- **Calibration** (the AWQ rows): the {r['calibration_texts']} texts of "
              f"`benchmarks/data/{r['calibration_file_name']}` (other prose, also written here), `--num-samples "
-             f"{r['calibration_texts']}`; both stages with the default `--calibration-decode-steps` "
-             f"({r['default_decode_steps']}).",
+             f"{r['calibration_texts']}`; both stages with `--calibration-decode-steps` "
+             f"{r['default_decode_steps']}.",
              f"- **Compile**: `{json.dumps(EXACT)}` unless a row says otherwise. Under it the CPU plugin still "
              f"quantizes the activations of the matmuls whose weights are compressed to 8 bits, in groups of "
              f"{r['exact_precision_int8']['DYNAMIC_QUANTIZATION_GROUP_SIZE']} (its dynamic quantization); the rows "
@@ -762,12 +772,12 @@ def main() -> None:
     capacity = args.prompt + args.decode
     wins = windows(model, args.windows, args.prompt, args.decode)
 
-    from optimum_shared_graph.options import ExportOptions
+    from optimum_shared_graph.quantization.calibration import DEFAULT_DECODE_STEPS
 
     results = {
         "size": args.size, "date": time.strftime("%Y-%m-%d"), "windows": args.windows, "prompt": args.prompt,
         "decode": args.decode, "calibration_texts": args.calibration_texts, "calibration_file_name": texts.name,
-        "default_decode_steps": ExportOptions().calibration_decode_steps,
+        "default_decode_steps": DEFAULT_DECODE_STEPS,
         "model": {k: config[k] for k in ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
                                          "intermediate_size", "vocab_size")},
         "training": training,

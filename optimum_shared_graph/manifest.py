@@ -313,6 +313,8 @@ def build_manifest(
             "calibration_samples": samples,
             **({"calibration_decode_steps": calibration.decode_steps, "calibration_graph": calibration.graph}
                if calibration is not None and calibration.graph else {}),
+            **({"calibration_decode_steps_reason": calibration.reason}
+               if calibration is not None and calibration.graph and calibration.reason else {}),
         },
     )
 

@@ -59,8 +59,11 @@ class ExportOptions:
         validation_prompt: the text validated on; `None` uses a fixed built-in sentence.
         calibration_decode_steps: data-aware quantization only. Decode calls gathered after each
             calibration text's prefill, with the real KV cache (0: prefill calls only, optimum-intel's
-            behaviour). 4 keeps gathering cheap (one cache per text) while the set holds four decode
-            calls for every prefill call.
+            behaviour). `None` (the default) chooses per algorithm, as measured on trained models
+            (`quantization.calibration.decode_steps_for`, docs/quality.md): 0 for data-aware weight
+            compression of a text graph (AWQ, scale estimation, GPTQ, data-aware mixed precision: the
+            decode samples made its error higher), 16 for a text graph's full quantization
+            (`--quant-mode`), 4 for static graphs and vision-language models.
         quiet: no progress display. Progress (the export's stages, the generate() capture,
             validation and calibration steps) goes to stderr only when it is a terminal; `quiet`
             also turns off transformers', huggingface_hub's and NNCF's progress bars during the export.
@@ -80,7 +83,7 @@ class ExportOptions:
     convert_tokenizer: bool = True
     validation_new_tokens: int | None = None
     validation_prompt: str | None = None
-    calibration_decode_steps: int = 4
+    calibration_decode_steps: int | None = None
     quiet: bool = False
 
     def __post_init__(self) -> None:
@@ -111,7 +114,7 @@ class ExportOptions:
                 f"--static-query-len ({self.static_query_len}) cannot exceed --max-cache-len "
                 f"({self.max_cache_len}): lower the query length or raise the capacity"
             )
-        if self.calibration_decode_steps < 0:
+        if self.calibration_decode_steps is not None and self.calibration_decode_steps < 0:
             raise InvalidOptionsError(
                 f"--calibration-decode-steps must be 0 or more, got {self.calibration_decode_steps}"
             )

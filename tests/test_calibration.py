@@ -159,6 +159,63 @@ def test_decode_samples_carry_their_kv_cache(export, quantizable_model):
                 np.testing.assert_allclose(logits[row], ref, atol=1e-4, rtol=1e-4)
                 checked += 1
         assert checked == 10
+    # every text's decode calls merged into samples of 3 rows (rows of different texts and cache lengths, left-padded)
+    samples = BothStageSamples(ov_model, prompts, decode_steps=4, decode_tokens_per_sample=3)
+    assert (samples.prefill_count, samples.decode_count, len(samples)) == (2, 8, 2 + 3)
+    rows = [row for key in samples if key[0] == "rows" for row in key[1]]
+    assert sorted(rows) == [(i, k) for i in range(2) for k in range(1, 5)]  # each decode call once
+    for key in samples:
+        if key[0] != "rows":
+            continue
+        request.infer(samples.feed(key))
+        logits = request.get_tensor("logits").data[:, -1]
+        assert logits.shape[0] == len(key[1])
+        for row, call in enumerate(key[1]):
+            with torch.no_grad():
+                ref = pt(torch.from_numpy(_ids_so_far(samples, call))).logits[0, -1].numpy()
+            np.testing.assert_allclose(logits[row], ref, atol=1e-4, rtol=1e-4)
+
+
+def test_default_decode_steps_follow_the_algorithm(export):
+    """Without --calibration-decode-steps: data-aware weight compression calibrates on prefill calls only, full
+    quantization on both stages, and the manifest says why; the flag, when given, is what runs."""
+    from optimum_shared_graph.quantization.calibration import FULL_QUANTIZATION_DECODE_STEPS as STEPS
+
+    awq = read_manifest(export("int4-awq-default", "--weight-format", "int4", "--awq", "--group-size", "64",
+                               "--ratio", "1.0", "--num-samples", "4")).quantization
+    assert awq["calibration_samples"] == {"prefill": 4, "decode": 0}
+    assert awq["calibration_decode_steps"] == 0
+    assert "prefill calls only" in awq["calibration_decode_steps_reason"]
+    int8 = read_manifest(export("int8-default", "--quant-mode", "int8", "--num-samples", "4")).quantization
+    assert int8["calibration_samples"] == {"prefill": 4, "decode": 4 * STEPS}
+    assert int8["calibration_decode_steps"] == STEPS
+    assert "full quantization" in int8["calibration_decode_steps_reason"]
+    given = read_manifest(export("int4-awq", "--weight-format", "int4", "--awq", "--group-size", "64", "--ratio", "1.0",
+                                 "--calibration-decode-steps", str(DECODE_STEPS))).quantization
+    assert given["calibration_decode_steps"] == DECODE_STEPS
+    assert given["calibration_decode_steps_reason"] == "--calibration-decode-steps"
+
+
+def test_decode_steps_for_real_optimum_intel_configs():
+    """The per-algorithm default on the configs optimum-intel builds (weight-only, full, mixed, pipeline)."""
+    from optimum.intel.openvino.configuration import (
+        OVMixedQuantizationConfig,
+        OVQuantizationConfig,
+        OVWeightQuantizationConfig,
+    )
+
+    from optimum_shared_graph.quantization.calibration import FULL_QUANTIZATION_DECODE_STEPS as STEPS
+    from optimum_shared_graph.quantization.calibration import decode_steps_for
+
+    awq = OVWeightQuantizationConfig(bits=4, quant_method="awq", scale_estimation=True, dataset="wikitext2")
+    assert decode_steps_for(None, awq)[0] == 0
+    assert decode_steps_for(None, {"bits": 4, "gptq": True, "dataset": "wikitext2"})[0] == 0
+    assert decode_steps_for(None, OVQuantizationConfig(dataset="wikitext2"))[0] == STEPS
+    mixed = OVMixedQuantizationConfig(OVWeightQuantizationConfig(bits=4), OVQuantizationConfig(dtype="f8e4m3"),
+                                      dataset="wikitext2")
+    assert decode_steps_for(None, mixed)[0] == STEPS  # activations quantized too
+    assert decode_steps_for(2, awq) == (2, "--calibration-decode-steps")
+    assert decode_steps_for(0, OVQuantizationConfig(dataset="wikitext2")) == (0, "--calibration-decode-steps")
 
 
 def _ids_so_far(samples, key):

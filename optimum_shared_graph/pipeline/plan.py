@@ -75,7 +75,9 @@ def make_plan(model: str, output_dir, opts: ExportOptions, *, task: str = TASK, 
         static = resolve_static_shapes(config, opts)
         cli_config = quantization_config() if quantization_config is not None else None
         if cli_config is not None:  # the CLI's quantization flags, as optimum-intel reads them
-            check_static_quantization(static, opts.calibration_decode_steps, cli_config)
+            from ..quantization.calibration import both_stage_steps
+
+            check_static_quantization(static, both_stage_steps(opts.calibration_decode_steps), cli_config)
         static_plan = plan_static_quantization(
             static, opts, calibrating=opts.quantization_config is not None or is_data_aware(cli_config))
     available = memory.available_memory()  # read once: what validation and the side-by-side runs are planned on

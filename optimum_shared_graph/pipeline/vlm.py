@@ -337,8 +337,9 @@ def _calibrated(plan: Plan, calibration):
 
     if plan.calibration_set is not None:
         from ..quantization.both_stages import both_stage_quantization
+        from ..quantization.calibration import both_stage_steps
 
-        steps = plan.opts.calibration_decode_steps
+        steps = both_stage_steps(plan.opts.calibration_decode_steps)
         return both_stage_quantization(steps, calibration,
                                        quantize=visual.quantizer(plan.calibration_set, steps, calibration))
     return visual.dataset_unused() if plan.dataset_unused else contextlib.nullcontext()

@@ -40,8 +40,8 @@ from ..progress import bar
 from ..runtimes.session import position_ids_from_mask
 from .calibration import (
     COMPILE_CONFIG,
-    CalibrationReport, _apply_calibrated, _as_numpy, _prepared_config, is_data_aware, load_stateless, make_stateful,
-    prompt_inputs,
+    CalibrationReport, _apply_calibrated, _as_numpy, _prepared_config, decode_steps_for, is_data_aware,
+    load_stateless, make_stateful, prompt_inputs,
 )
 
 _STEP_INPUTS = {"input_ids", "attention_mask", "position_ids"}
@@ -69,9 +69,14 @@ class BothStageSamples:
         decode_steps: decode calls gathered after each prefill (0: prefill only, optimum-intel's
             behaviour).
         group_decode: one sample per text for its decode calls (see above); otherwise one per call.
+        decode_tokens_per_sample: the decode calls of all texts merged into samples of this many rows (calls),
+            each row its own text's call with its own cache (left-padded, masked), so that a decode sample holds
+            as many tokens as a prefill sample: NNCF's weight-compression statistics (AWQ, scale estimation) are
+            one mean per sample, every sample weighing the same whatever its token count. None: `group_decode`.
     """
 
-    def __init__(self, ov_model, prompts, decode_steps: int, *, group_decode: bool = True):
+    def __init__(self, ov_model, prompts, decode_steps: int, *, group_decode: bool = True,
+                 decode_tokens_per_sample: int | None = None):
         import openvino as ov
 
         if decode_steps < 0:
@@ -113,6 +118,12 @@ class BothStageSamples:
             else:
                 self._keys += [(index, step) for step in range(1, decode_steps + 1)]
         del request, compiled
+        if decode_tokens_per_sample and decode_steps and all(text["axes"] for text in self._texts):
+            rows = [(index, step) for index in range(len(self._texts)) for step in range(1, decode_steps + 1)]
+            size = max(1, int(decode_tokens_per_sample))
+            chunks = max(1, round(len(rows) / size))
+            self._keys = [(index, 0) for index in range(len(self._texts))]
+            self._keys += [("rows", tuple(rows[i::chunks])) for i in range(chunks)]
 
     @property
     def prefill_count(self) -> int:
@@ -146,6 +157,8 @@ class BothStageSamples:
         """The graph inputs of sample `key`: `(text, 0)` its prefill call, `(text, k)` its k-th decode
         call, `(text, None)` all its decode calls as one batch (row k-1 is decode call k)."""
         index, step = key
+        if index == "rows":
+            return self._decode_rows(step)
         text = self._texts[index]
         if step is None:
             return self._decode_batch(text)
@@ -175,6 +188,26 @@ class BothStageSamples:
             past[name] = np.concatenate(rows, axis=batch_axis)
             assert past[name].shape[text["axes"][name]] == longest
         return self._feed(text["tokens"].reshape(steps, 1), np.concatenate(masks, 0), past)
+
+    def _decode_rows(self, rows) -> dict[str, np.ndarray]:
+        """Decode calls of several texts as one batch: row r is call `rows[r] = (text, step)`, each past left-padded
+        to the longest and masked there."""
+        lengths = [self._texts[index]["ids"].shape[1] + step - 1 for index, step in rows]
+        longest = max(lengths)
+        masks, ids, pasts = [], [], {name: [] for name in self._past_names}
+        for (index, step), length in zip(rows, lengths):
+            text, pad = self._texts[index], longest - length
+            masks.append(np.concatenate([np.zeros((1, pad), np.int64), text["mask"], np.ones((1, step), np.int64)], 1))
+            ids.append(text["tokens"][:, step - 1: step])
+            for name, value in self._past_prefix(text, length).items():
+                widths = [(0, 0)] * value.ndim
+                widths[text["axes"][name]] = (pad, 0)
+                pasts[name].append(np.pad(value, widths))
+        past = {}
+        for name, parts in pasts.items():
+            axis = self._texts[rows[0][0]]["axes"][name]
+            past[name] = np.concatenate(parts, axis=1 if axis == 0 else 0)
+        return self._feed(np.concatenate(ids, 0), np.concatenate(masks, 0), past)
 
     def _feed(self, input_ids, mask, past) -> dict[str, np.ndarray]:
 
@@ -279,7 +312,14 @@ def quantize_both_stages(
     if model.stateful:
         raise ModelNotSupportedError("calibration on both stages expected optimum-intel's stateless export")
     config = _prepared_config(model, quantization_config, model_name_or_path)
-    samples = BothStageSamples(model.model, prompt_inputs(model, config, trust_remote_code), decode_steps)
+    prompts = prompt_inputs(model, config, trust_remote_code)
+    # weight compression's statistics are one mean per sample, every sample weighing the same: decode calls are merged
+    # into samples as long as a mean prompt, so they weigh by their tokens (benchmarks/calibration_design.py); for full
+    # quantization's min-max ranges the merge changes nothing but the sample count (the design measured)
+    merged = None
+    if decode_steps and prompts:
+        merged = max(1, round(float(np.mean([_as_numpy(p["input_ids"]).shape[-1] for p in prompts]))))
+    samples = BothStageSamples(model.model, prompts, decode_steps, decode_tokens_per_sample=merged)
     report.record(samples, decode_steps)
     _apply_calibrated(model, config, samples, model_name_or_path=model_name_or_path,
                       trust_remote_code=trust_remote_code, save_directory=output, immediate_save=True)
@@ -316,7 +356,7 @@ def quantization_config_of(run_command) -> Any:
 
 
 @contextlib.contextmanager
-def both_stage_quantization(decode_steps: int, report: CalibrationReport, *, static=None, quantize=None):
+def both_stage_quantization(decode_steps: int | None, report: CalibrationReport, *, static=None, quantize=None):
     """While active, optimum-intel's data-aware quantization of a causal LM calibrates on both stages.
 
     Wraps `optimum.exporters.openvino.__main__.main_export` (a data-aware config exports the graph
@@ -325,7 +365,7 @@ def both_stage_quantization(decode_steps: int, report: CalibrationReport, *, sta
     else goes to optimum-intel unchanged.
 
     Args:
-        decode_steps: decode calls gathered after each prefill.
+        decode_steps: decode calls gathered after each prefill; None: per algorithm (`decode_steps_for`).
         report: filled with the per-stage sample counts.
         static: a static export's `StaticQuantization` plan: its config is kept for the static graph,
             which is calibrated on its own calls, instead of quantizing optimum-intel's dynamic graph.
@@ -356,9 +396,10 @@ def both_stage_quantization(decode_steps: int, report: CalibrationReport, *, sta
             return proceed()
         if quantize is not None:
             return quantize(arguments, requested["stateful"])
+        steps, report.reason = decode_steps_for(decode_steps, arguments["quantization_config"])
         quantize_both_stages(
             arguments["model_name_or_path"], arguments["output"], arguments["quantization_config"],
-            decode_steps=decode_steps, stateful=requested["stateful"], report=report,
+            decode_steps=steps, stateful=requested["stateful"], report=report,
             trust_remote_code=arguments["trust_remote_code"], cache_dir=arguments["cache_dir"],
             model_kwargs=arguments["model_kwargs"],
         )

@@ -15,7 +15,28 @@ import numpy as np
 
 from ..errors import InvalidOptionsError
 
-# Decode calls gathered after each prefill (ExportOptions.calibration_decode_steps has the default).
+# Decode calls gathered after each prefill where both stages are calibrated: static graphs and vision-language
+# models (not measured against prefill only), and `FULL_QUANTIZATION_DECODE_STEPS` for a text graph's full
+# quantization (`decode_steps_for`).
+DEFAULT_DECODE_STEPS = 4
+# `--quant-mode` on a text graph: 16 decode calls per text (pasts up to 16 tokens past the prompt) gave 0.87x
+# prefill-only's KL on SmolLM2-135M-Instruct, 4 gave 0.95x (benchmarks/calibration_design.py, docs/quality.md).
+FULL_QUANTIZATION_DECODE_STEPS = 16
+# Why a text graph's data-aware weight compression calibrates on prefill calls only unless asked otherwise
+# (what the manifest's `calibration_decode_steps_reason` says). NNCF's AWQ and scale estimation reduce each sample
+# to one mean activation vector (`OVMeanReducer` over batch and sequence) and weigh every sample the same
+# (`activation_stats.process_stats`: the channel magnitude is the max over samples of |mean|, the error is taken on
+# the means, and past `subset_size` samples they keep every k-th of the samples sorted by token count): a decode
+# sample of a few tokens weighs as much as a prompt of dozens, and it pushes prompts out of the subset. Decode calls'
+# activations at the weights are the same per-token function of the hidden state as a longer prompt's, so they add
+# nothing a prompt lacks; measured on two trained models (benchmarks/calibration_design.py, docs/quality.md) no
+# design of the decode samples (per text, merged to prompt length, 16 steps) gave a KL below prefill only's.
+WEIGHT_COMPRESSION_PREFILL_ONLY = (
+    "default for data-aware weight compression: prefill calls only (decode samples raised AWQ and scale "
+    "estimation's error on trained models, docs/quality.md); --calibration-decode-steps N adds them"
+)
+BOTH_STAGES = ("default for full quantization: prefill and 16 decode calls per text, merged to prompt-length samples "
+               "(lower error than prefill only or 4 decode calls, docs/quality.md)")
 
 # NNCF's estimator of activation ranges in full quantization (`--quant-mode`): a name in
 # `nncf.quantization.range_estimator.RangeEstimatorParametersSet`, or None for NNCF's own default.
@@ -43,6 +64,7 @@ class CalibrationReport:
     texts: int = 0
     decode_steps: int = 0
     graph: str | None = None  # "stateless" when samples carried their cache explicitly
+    reason: str | None = None  # why this many decode steps (`decode_steps_for`)
 
     def counts(self) -> dict[str, int]:
         return {"prefill": self.prefill, "decode": self.decode}
@@ -124,6 +146,39 @@ def is_data_aware(quantization_config: Any) -> bool:
             or (config.ratio < 1.0 and config.sensitivity_metric != nncf.SensitivityMetric.WEIGHT_QUANTIZATION_ERROR)
         )
     return False
+
+
+def is_weight_compression(quantization_config: Any) -> bool:
+    """Whether the config compresses weights only (no activation quantization: no `--quant-mode` part)."""
+    from optimum.intel.openvino.configuration import (
+        OVPipelineQuantizationConfig,
+        OVWeightQuantizationConfig,
+        _quantization_config_from_dict,
+    )
+
+    config = quantization_config
+    if isinstance(config, dict):
+        config = _quantization_config_from_dict(resolve_config_dataset(config))
+    if isinstance(config, OVPipelineQuantizationConfig):
+        return all(is_weight_compression(c) for c in config.quantization_configs.values())
+    return isinstance(config, OVWeightQuantizationConfig)
+
+
+def both_stage_steps(requested: int | None) -> int:
+    """The decode calls calibrated after each prefill of a static graph or a vision-language model:
+    `requested` when given (`--calibration-decode-steps`), else `DEFAULT_DECODE_STEPS`."""
+    return DEFAULT_DECODE_STEPS if requested is None else requested
+
+
+def decode_steps_for(requested: int | None, quantization_config: Any) -> tuple[int, str]:
+    """The decode calls calibrated after each text's prefill for a text graph, and why: `requested` when given
+    (`--calibration-decode-steps`), else 0 for data-aware weight compression and `FULL_QUANTIZATION_DECODE_STEPS` for
+    full or mixed quantization, as measured (`WEIGHT_COMPRESSION_PREFILL_ONLY`, `BOTH_STAGES`)."""
+    if requested is not None:
+        return requested, "--calibration-decode-steps"
+    if is_weight_compression(quantization_config):
+        return 0, WEIGHT_COMPRESSION_PREFILL_ONLY
+    return FULL_QUANTIZATION_DECODE_STEPS, BOTH_STAGES
 
 
 def _as_numpy(value):

@@ -21,7 +21,7 @@ from ..graph.static import make_static_stateful
 from ..progress import bar
 from ..runtimes.static_session import StaticSession, layer_order
 from .calibration import (
-    COMPILE_CONFIG,
+    COMPILE_CONFIG, both_stage_steps,
     _as_numpy,
     CalibrationReport, _apply_calibrated, _prepared_config, is_data_aware, load_stateless, resolve_config_dataset,
     prompt_inputs, resolve_dataset,
@@ -58,15 +58,16 @@ def plan_static_quantization(shapes, opts, *, calibrating: bool) -> StaticQuanti
     before this.
     """
     config = opts.quantization_config
+    steps = both_stage_steps(opts.calibration_decode_steps)
     if config is not None:
-        check_static_quantization(shapes, opts.calibration_decode_steps, config)
+        check_static_quantization(shapes, steps, config)
         if not is_data_aware(config):
             raise InvalidOptionsError(
                 "a quantization_config without calibration data is not applied to static graphs: pass "
                 "weight_format='int8' or 'int4' for data-free weight compression, or add a dataset with a "
                 "data-aware mode (full quantization, AWQ, scale estimation, GPTQ)"
             )
-    return StaticQuantization(shapes=shapes, decode_steps=opts.calibration_decode_steps, calibrating=calibrating)
+    return StaticQuantization(shapes=shapes, decode_steps=steps, calibrating=calibrating)
 
 
 def check_static_quantization(shapes, decode_steps: int, quantization_config: Any) -> None:

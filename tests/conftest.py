@@ -369,3 +369,15 @@ def judged_greedy(pipe, reference, properties: dict | None = None) -> str | None
     terms = ["8-bit KV cache"] if kv_cache in EIGHT_BIT else []
     tolerance = scaled_tolerance(REDUCED_PRECISION, reference.calls, terms)
     return judge_tokens(greedy_of(pipe, reference), reference.calls, reference.fed, tolerance)[1]
+
+
+def file_mapped(tensor, path) -> bool:
+    """Whether `tensor`'s memory lies in a mapping of the file `path` (/proc/self/maps)."""
+    address = tensor.data_ptr()
+    for line in open("/proc/self/maps"):
+        fields = line.split()
+        if len(fields) >= 6 and fields[5] == str(path):
+            start, end = (int(x, 16) for x in fields[0].split("-"))
+            if start <= address < end:
+                return True
+    return False

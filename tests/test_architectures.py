@@ -19,8 +19,8 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import (EXACT, NPU_PRECISION, PROMPTS, break_decode, judged_greedy, pytorch_reference, run_cli,
-                      run_cli_in_process, sixteen_bit)
+from conftest import (EXACT, NPU_PRECISION, PROMPTS, break_decode, file_mapped, judged_greedy, pytorch_reference,
+                      run_cli, run_cli_in_process, sixteen_bit)
 
 import optimum_shared_graph as osg
 from optimum_shared_graph import architectures, read_manifest
@@ -209,18 +209,6 @@ def test_granitemoe_dense_experts_run_only_the_routed_ones_on_a_cpu(tiny_model, 
     assert kinds.count("GatherMatmul") == 3 * layers, sorted(set(kinds))
 
 
-def _file_mapped(tensor, path) -> bool:
-    """Whether `tensor`'s memory lies in a mapping of the file `path` (/proc/self/maps)."""
-    address = tensor.data_ptr()
-    for line in open("/proc/self/maps"):
-        fields = line.split()
-        if len(fields) >= 6 and fields[5] == str(path):
-            start, end = (int(x, 16) for x in fields[0].split("-"))
-            if start <= address < end:
-                return True
-    return False
-
-
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("model_type", ["deepseek_v2", "deepseek_v3", "lfm2_moe", "qwen3_next", "mixtral",
                                         "qwen3_5_moe_text"])
@@ -241,7 +229,7 @@ def test_moe_experts_of_every_per_expert_checkpoint_load_as_stored_and_fuse(mode
     stored = [m for m in loaded.modules() if isinstance(m, moe_experts.StoredExperts)]
     assert stored
     weights = [w for experts in stored for e in range(experts.num_experts) for w in experts._projections(e)]
-    assert all(_file_mapped(w, (model / "model.safetensors").resolve()) for w in weights)
+    assert all(file_mapped(w, (model / "model.safetensors").resolve()) for w in weights)
     del loaded, weights
 
     manifest = osg.export(str(model), tmp_path / "ov", quiet=True)
@@ -271,10 +259,10 @@ def test_moe_experts_load_memory_mapped_and_run_only_the_routed_ones_on_a_cpu(ti
     experts = loaded.model.layers[0].mlp.experts
     assert isinstance(experts, moe_experts.StoredExperts)
     weights = [getattr(expert, name).weight for expert in experts for name in experts.names]
-    assert all(_file_mapped(w, (model / "model.safetensors").resolve()) for w in weights)
+    assert all(file_mapped(w, (model / "model.safetensors").resolve()) for w in weights)
     fused = AutoModelForCausalLM.from_pretrained(model, dtype="auto")  # outside: transformers' own fused experts
     assert not isinstance(fused.model.layers[0].mlp.experts, moe_experts.StoredExperts)
-    assert not _file_mapped(fused.model.layers[0].mlp.experts.gate_up_proj, (model / "model.safetensors").resolve())
+    assert not file_mapped(fused.model.layers[0].mlp.experts.gate_up_proj, (model / "model.safetensors").resolve())
     del loaded, fused, experts, weights
 
     manifest = osg.export(str(model), tmp_path / "ov", quiet=True)

@@ -147,16 +147,22 @@ def vlm_fix_module(model_type: str, transformers_version: str | None = None):
 
 
 @contextlib.contextmanager
-def vlm_fix_applied(model_type: str) -> Iterator[Fix | None]:
+def vlm_fix_applied(model_type: str, scratch=None) -> Iterator[Fix | None]:
     """While active, optimum-intel's `image-text-to-text` export of `model_type` uses the fixed config; yields the
     manifest's record of the fix (None: none applies). The swap is host/'s `export_configs_replaced`, which puts
-    the original entry back on exit."""
+    the original entry back on exit; the fix module's `while_exporting(model_type, scratch)`, where it has one, is
+    active too, as in `fix_applied`."""
     module = vlm_fix_module(model_type)
     if module is None:
         yield None
         return
     with export_configs_replaced(model_type, (VLM_TASK,), module.vlm_export_config) as originals:
-        yield Fix(module.__name__, model_type, module.VLM_SUMMARY, module.TRANSFORMERS) if originals else None
+        if not originals:
+            yield None
+            return
+        during = getattr(module, "while_exporting", None)
+        with during(model_type, scratch) if during is not None else contextlib.nullcontext():
+            yield Fix(module.__name__, model_type, module.VLM_SUMMARY, module.TRANSFORMERS)
 
 
 def supported_vlm_types() -> list[str]:

@@ -72,6 +72,8 @@ FAMILIES: dict[str, tuple[str, str, tuple[str, str, str]]] = {
     # transformers 5 holds them: loaded memory-mapped as they are (`FusedStoredExperts`)
     "qwen3_5_moe_text": ("transformers.models.qwen3_5_moe.modeling_qwen3_5_moe", "Qwen3_5MoeExperts", FUSED),
 }
+# the multimodal Qwen3.5-MoE (`--task image-text-to-text-shared`): its language model is the text model above
+FAMILIES["qwen3_5_moe"] = FAMILIES["qwen3_5_moe_text"]
 
 
 class _Expert(torch.nn.Module):

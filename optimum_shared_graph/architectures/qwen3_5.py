@@ -158,7 +158,7 @@ def _vlm_patcher_class() -> type:
 
     base = _patcher_class()
 
-    class Qwen3_5LanguagePatcher(base):
+    class Qwen3_5LanguagePatcher(moe_experts.patcher(base)):  # the MoE variant's stored experts stacked too
         """The language model part of the multimodal model: `(inputs_embeds, attention_mask, cache_params,
         position_ids) -> logits, states`, `position_ids` (4, batch, seq): text positions, then temporal,
         height and width (optimum-intel's interface for this part, which OVModelForVisualCausalLM and

@@ -312,7 +312,7 @@ def hand_over_to_optimum_intel(plan: Plan, raw_export: Callable[..., None], raw:
     """
     export, model_type = _VlmExport(plan), plan.config.model_type
     try:
-        with vlm_fix_applied(model_type) as fix, convert.one_model_load(
+        with vlm_fix_applied(model_type, scratch=raw.parent) as fix, convert.one_model_load(
                 export.on_model, load_error=lambda err: load.load_error(plan.model, plan.config, err),
                 before_save=export.before_save), _calibrated(plan, calibration):
             raw_export(plan.model, raw, task=VLM_TASK)

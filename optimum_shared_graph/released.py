@@ -385,11 +385,12 @@ def build_released_width_model(model_type: str, out_dir: str | Path, *, seed: in
     import torch
     from transformers import AutoModelForCausalLM, GenerationConfig
 
-    from .testing import build_tokenizer
+    from .testing import build_tokenizer, draw_zero_initialised
 
     config = released_width_config(model_type, **overrides)
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float16).eval()
+    draw_zero_initialised(model, model_type)
     model.generation_config = GenerationConfig(**_TOKENS)
     model.save_pretrained(str(out_dir))
     del model

@@ -183,7 +183,7 @@ _OVERRIDES: dict[str, dict[str, Any]] = {
     # 2.826 and 1 shared expert, muP input scaling. The window (8) is shorter than every check's prompt + new tokens.
     # AfmoePreTrainedModel._init_weights zeroes the router gate, so in a random-init model every expert scores 0.5
     # (an exact tie PyTorch's topk and OpenVINO's TopK break differently; tests/test_architectures.py):
-    # build_tiny_model draws the gate as a trained router has it (`_ROUTER_GATES`)
+    # build_tiny_model draws the gate as a trained router has it (`_DRAWN`)
     "afmoe": dict(num_hidden_layers=4, layer_types=["sliding_attention"] * 3 + ["full_attention"],
                   global_attn_every_n_layers=4, sliding_window=8, num_dense_layers=1, num_attention_heads=8,
                   num_key_value_heads=1, head_dim=16, intermediate_size=192, moe_intermediate_size=32,
@@ -405,30 +405,33 @@ _PUBLISHED_NAMES = {"qwen3_5": [("model.language_model.visual.", "model.visual."
                        for t in ("qwen2_vl", "qwen2_5_vl")}}
 
 
-# Router gates transformers initialises to zero, redrawn from N(0, initializer_range) by `build_tiny_model`:
-# model type -> the gate modules' attribute path under each decoder layer. afmoe: AfmoePreTrainedModel._init_weights
-# zeroes `mlp.router.gate`, so every expert scores sigmoid(0) = 0.5 for every token and the top-k is an exact tie,
-# which PyTorch's topk and OpenVINO's TopK break differently (two valid answers, two different outputs: the export's
-# check refused it on a max |dlogits| of 0.54, while the graph is PyTorch to 1.7e-06 once the tie is broken alike).
-# A trained router has no such tie, and neither has the tiny model once its gate is drawn like every projection.
-_ROUTER_GATES: dict[str, str] = {"afmoe": "mlp.router.gate"}
+# Tensors transformers initialises to zero that a trained checkpoint holds drawn, redrawn from N(0, initializer_range)
+# by `build_tiny_model` and `released.build_released_width_model`: model type -> the tensors' paths under each decoder
+# layer. afmoe: AfmoePreTrainedModel._init_weights zeroes `mlp.router.gate`, so every expert scores sigmoid(0) = 0.5
+# for every token and the top-k is an exact tie, which PyTorch's topk and OpenVINO's TopK break differently (two valid
+# answers, two different outputs: the export's check refused it on a max |dlogits| of 0.54, while the graph is PyTorch
+# to 1.7e-06 once the tie is broken alike). A trained router has no such tie, and neither has the tiny model once its
+# gate is drawn like every projection. gpt_oss: its experts' biases, zero, would leave a graph's bias additions
+# unchecked (and OpenVINO drops an addition of zeros, so the graph would not be the form a trained checkpoint gives).
+_DRAWN: dict[str, tuple[str, ...]] = {
+    "afmoe": ("mlp.router.gate.weight",),
+    "gpt_oss": ("mlp.experts.gate_up_proj_bias", "mlp.experts.down_proj_bias"),
+}
 
 
-def _draw_router_gates(model, model_type: str) -> None:
-    """Give `model`'s zero-initialised router gates (`_ROUTER_GATES`) N(0, initializer_range) weights."""
+def draw_zero_initialised(model, model_type: str) -> None:
+    """Give `model`'s zero-initialised tensors of `_DRAWN` N(0, initializer_range) values."""
     import torch
 
-    path = _ROUTER_GATES.get(model_type)
-    if path is None:
-        return
     std = model.config.initializer_range
     with torch.no_grad():
         for layer in model.model.layers:
-            gate = layer
-            for name in path.split("."):
-                gate = getattr(gate, name, None)
-            if gate is not None:  # dense layers have no router
-                gate.weight.normal_(mean=0.0, std=std)
+            for path in _DRAWN.get(model_type, ()):
+                tensor = layer
+                for name in path.split("."):
+                    tensor = getattr(tensor, name, None)
+                if tensor is not None:  # dense layers have no router
+                    tensor.normal_(mean=0.0, std=std)
 
 
 def build_tokenizer(out_dir: str | Path) -> Any:
@@ -503,7 +506,7 @@ def build_tiny_model(model_type: str, out_dir: str | Path, *, seed: int = 0, tok
     config = tiny_config(model_type, **overrides)
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
-    _draw_router_gates(model, model_type)
+    draw_zero_initialised(model, model_type)
     model.generation_config = GenerationConfig(bos_token_id=1, eos_token_id=2, pad_token_id=0)
     model.save_pretrained(str(out_dir))
     if tokenizer:

@@ -211,11 +211,13 @@ def test_granitemoe_dense_experts_run_only_the_routed_ones_on_a_cpu(tiny_model, 
 
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("model_type", ["deepseek_v2", "deepseek_v3", "lfm2_moe", "qwen3_next", "mixtral",
-                                        "qwen3_5_moe_text"])
+                                        "qwen3_5_moe_text", "gpt_oss"])
 def test_moe_experts_of_every_per_expert_checkpoint_load_as_stored_and_fuse(model_type, tiny_model, tmp_path):
-    """The other families whose checkpoints store each expert's projections, or (Qwen3.5-MoE) each layer's experts
-    fused (some with fix modules of their own, which compose with `moe_experts`): loaded memory-mapped, the export validated, and three `GatherMatmul`s per MoE
-    layer in the CPU plugin's compiled graph."""
+    """The other families whose checkpoints store each expert's projections, or (Qwen3.5-MoE, gpt-oss) each layer's
+    experts fused (some with fix modules of their own, which compose with `moe_experts`): loaded memory-mapped, the
+    export validated, and three `GatherMatmul`s per MoE layer in the CPU plugin's compiled graph (two for gpt-oss:
+    its gate and up projections are one, their columns interleaved), whose validation in parts below one layer gives
+    the logits of the graph compiled whole."""
     import openvino as ov
     from transformers import AutoModelForCausalLM
 
@@ -231,13 +233,37 @@ def test_moe_experts_of_every_per_expert_checkpoint_load_as_stored_and_fuse(mode
     weights = [w for experts in stored for e in range(experts.num_experts) for w in experts._projections(e)]
     assert all(file_mapped(w, (model / "model.safetensors").resolve()) for w in weights)
     del loaded, weights
+    # the stored experts compute what transformers' own experts module does (the export's reference is theirs)
+    ids = torch.tensor([[5, 7, 9, 11, 3, 2]])
+    with moe_experts.while_exporting(model_type, tmp_path / "scratch"), torch.no_grad():
+        as_stored = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32).eval()(ids).logits
+    with torch.no_grad():
+        own = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32).eval()(ids).logits
+    torch.testing.assert_close(as_stored, own, atol=1e-5, rtol=1e-5)
 
     manifest = osg.export(str(model), tmp_path / "ov", quiet=True)
     assert manifest.validation["status"] == "passed" and manifest.validation["greedy_match"]
     assert not [p.name for p in tmp_path.iterdir() if p.name.startswith(".")]  # no staging directory left
     compiled = ov.Core().compile_model(tmp_path / "ov" / "openvino_model.xml", "CPU")
     kinds = [op.get_rt_info()["layerType"].astype(str) for op in compiled.get_runtime_model().get_ops()]
-    assert kinds.count("GatherMatmul") == 3 * len(stored), sorted(set(kinds))
+    assert kinds.count("GatherMatmul") == (2 if model_type == "gpt_oss" else 3) * len(stored), sorted(set(kinds))
+
+    # each MoE block recognised for validation in parts (`graph/experts.py`), and the same logits split into ranges
+    from optimum_shared_graph.graph import experts as moe_graph
+
+    graph = ov.Core().read_model(tmp_path / "ov" / "openvino_model.xml")
+    assert len(moe_graph.blocks(graph)) == len(stored)
+    split = ov.Core().read_model(tmp_path / "ov" / "openvino_model.xml")
+    assert moe_graph.split_experts(split, 1) == len(stored)
+    ids = np.array([[5, 7, 9, 11, 3, 2]])
+    feed = {"input_ids": ids, "attention_mask": np.ones_like(ids), "position_ids": np.arange(6)[None],
+            "beam_idx": np.array([0])}
+    logits = []
+    for model in (graph, split):
+        run = ov.Core().compile_model(model, "CPU", EXACT)
+        names = {p.get_any_name() for p in run.inputs}
+        logits.append(run({k: v for k, v in feed.items() if k in names})[run.output(0)])
+    np.testing.assert_allclose(logits[1], logits[0], atol=1e-5)
 
 
 @pytest.mark.timeout(600)
@@ -482,7 +508,7 @@ def test_optimum_intel_own_task_does_not_get_the_fix(tiny_model, tmp_path):
 # so every expert scores sigmoid(0) = 0.5 for every token and the top-k is an exact tie, which PyTorch's topk and
 # OpenVINO's TopK break differently (the 0.54 / 0.77 logits differences the coverage sweep refused). A checkpoint's
 # trained router has no such tie, and neither has `testing.build_tiny_model`'s afmoe (its router gates drawn from
-# N(0, initializer_range), `testing._ROUTER_GATES`); `_afmoe_as_transformers_inits_it` keeps the tie, for the tests
+# N(0, initializer_range), `testing._DRAWN`); `_afmoe_as_transformers_inits_it` keeps the tie, for the tests
 # that show it.
 
 

@@ -9,11 +9,13 @@ expert form (`lfm2_moe_experts_forward`: the fused tensor chunked and transposed
 constants. A 2-layer model of Qwen3-30B-A3B's widths held 2.2x its checkpoint in anonymous memory before the
 validation.
 
-The families (`FAMILIES`): qwen3_moe, qwen2_moe, mixtral and phimoe, whose only fix this is, and deepseek_v2/v3,
-lfm2_moe, qwen3_next and qwen3_5_moe_text, whose fix modules compose their export configs and loads with this one
-(`export_config(their_config)`, `while_exporting`). Qwen3.5-MoE's checkpoints store each layer's experts fused
-(`experts.gate_up_proj`), which transformers loads memory-mapped as they are; `FusedStoredExperts` keeps them so and
-gives the capture and the trace per-expert views of them.
+The families (`FAMILIES`): qwen3_moe, qwen2_moe, mixtral, phimoe and gpt_oss, whose only fix this is, and
+deepseek_v2/v3, lfm2_moe, qwen3_next and qwen3_5_moe_text (and the multimodal qwen3_5_moe's language model), whose fix
+modules compose their export configs and loads with this one (`export_config(their_config)`, `while_exporting`).
+Qwen3.5-MoE's checkpoints store each layer's experts fused (`experts.gate_up_proj`), which transformers loads
+memory-mapped as they are; `FusedStoredExperts` keeps them so and gives the capture and the trace per-expert views of
+them. gpt-oss's are fused too, transposed, the gate and up columns interleaved, with biases (`GptOssStoredExperts`:
+traced in optimum-intel's gpt-oss form, which the CPU plugin fuses into two `GatherMatmul`s per layer).
 
 What this module does instead, in three places, each without a copy of the experts:
 
@@ -44,7 +46,7 @@ import torch
 
 # the types whose only fix is this one (deepseek_v2/v3, lfm2_moe and qwen3_next have fix modules of their own,
 # whose export configs and loads go through `export_config` and `while_exporting` here too)
-MODEL_TYPES = ("qwen3_moe", "qwen2_moe", "mixtral", "phimoe")
+MODEL_TYPES = ("qwen3_moe", "qwen2_moe", "mixtral", "phimoe", "gpt_oss")
 TRANSFORMERS = ">=5.0"  # the release that fuses experts at load (written and tested under 5.5)
 SUMMARY = ("the experts loaded as the checkpoint stores them (memory-mapped, not fused into new tensors), the routed "
            "ones computed one at a time for the capture, and converted from one stacked copy in an unlinked file")
@@ -53,8 +55,8 @@ FUSED = ("gate_up_proj", "down_proj")  # a checkpoint's fused experts tensors, `
 # `[experts, hidden, inner]`
 
 # model type -> (transformers' modeling module, its experts class, the checkpoint's gate, up and down projections,
-# or `FUSED`)
-FAMILIES: dict[str, tuple[str, str, tuple[str, str, str]]] = {
+# or `FUSED`, or the class of a layout of its own: gpt_oss, below)
+FAMILIES: dict[str, tuple[str, str, tuple[str, ...] | type]] = {
     "qwen3_moe": ("transformers.models.qwen3_moe.modeling_qwen3_moe", "Qwen3MoeExperts",
                   ("gate_proj", "up_proj", "down_proj")),
     "qwen2_moe": ("transformers.models.qwen2_moe.modeling_qwen2_moe", "Qwen2MoeExperts",
@@ -112,12 +114,34 @@ class StoredExperts(torch.nn.ModuleList):
         self._is_hf_initialized = True
 
     def _projections(self, expert: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The gate, up and down weights of `expert`, `[out, in]` (views of the loaded tensors)."""
         module = self[expert]
         return tuple(getattr(module, name).weight for name in self.names)
+
+    def _biases(self, expert: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+        """The gate, up and down biases of `expert`, or None (the experts have none)."""
+        return None
+
+    def _gated(self, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+        """The expert's inner activation from its gate and up projections."""
+        return self.act_fn(gate) * up
+
+    def _stacked(self, expert: int) -> tuple[torch.Tensor, ...]:
+        """The weights `[out, in]` of `expert` the conversion stacks over the experts (`_stack`), in `_traced`'s order."""
+        return self._projections(expert)
+
+    def _stacked_biases(self, expert: int) -> tuple[torch.Tensor, ...] | None:
+        """The biases of `expert` the conversion stacks (`[experts, 1, out]` each), or None."""
+        return None
+
+    def _traced(self, hidden_states, top_k_index, top_k_weights):
+        """The form the conversion traces, over `self.stacked` (`stacked_forward`)."""
+        return stacked_forward(self, hidden_states, top_k_index, top_k_weights)
 
     def forward(self, hidden_states, top_k_index, top_k_weights):
         """transformers' own loop over the routed experts (each token's top-k), an expert's weights in the input's
         dtype while it computes."""
+        linear = torch.nn.functional.linear
         final = torch.zeros_like(hidden_states)
         with torch.no_grad():
             mask = torch.nn.functional.one_hot(top_k_index, num_classes=self.num_experts).permute(2, 1, 0)
@@ -126,8 +150,9 @@ class StoredExperts(torch.nn.ModuleList):
             top_k_pos, token_idx = torch.where(mask[expert])
             state = hidden_states[token_idx]
             gate, up, down = (w.to(state.dtype) for w in self._projections(expert))
-            out = torch.nn.functional.linear(self.act_fn(torch.nn.functional.linear(state, gate))
-                                             * torch.nn.functional.linear(state, up), down)
+            biases = self._biases(expert)
+            gate_b, up_b, down_b = (None,) * 3 if biases is None else (b.to(state.dtype) for b in biases)
+            out = linear(self._gated(linear(state, gate, gate_b), linear(state, up, up_b)), down, down_b)
             out = out * top_k_weights[token_idx, top_k_pos, None]
             final.index_add_(0, token_idx, out.to(final.dtype))
         return final
@@ -157,19 +182,79 @@ class FusedStoredExperts(StoredExperts):
         return gate_up[:inner], gate_up[inner:], self.down_proj[expert]
 
 
+class GptOssStoredExperts(FusedStoredExperts):
+    """gpt-oss's experts as its checkpoints store them (`gate_up_proj` `[experts, hidden, 2 x inner]`, the gate and up
+    columns interleaved, `down_proj` `[experts, inner, hidden]`, each with a bias), loaded memory-mapped as they
+    are: each expert's projections are (transposed, strided) views of them, and its activation is gpt-oss's clamped
+    GLU (`GptOssExperts._apply_gate`)."""
+
+    def __init__(self, config):
+        torch.nn.ModuleList.__init__(self)
+        inner, hidden, experts = config.intermediate_size, config.hidden_size, config.num_local_experts
+        self.gate_up_proj = torch.nn.Parameter(torch.empty(experts, hidden, 2 * inner))
+        self.gate_up_proj_bias = torch.nn.Parameter(torch.empty(experts, 2 * inner))
+        self.down_proj = torch.nn.Parameter(torch.empty(experts, inner, hidden))
+        self.down_proj_bias = torch.nn.Parameter(torch.empty(experts, hidden))
+        self.num_experts = experts
+        self.alpha, self.limit = 1.702, 7.0  # transformers' GptOssExperts'
+        self._is_hf_initialized = True
+
+    def _projections(self, expert: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        gate_up = self.gate_up_proj[expert]
+        return gate_up[:, ::2].t(), gate_up[:, 1::2].t(), self.down_proj[expert].t()
+
+    def _biases(self, expert: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        gate_up = self.gate_up_proj_bias[expert]
+        return gate_up[::2], gate_up[1::2], self.down_proj_bias[expert]
+
+    def _gated(self, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+        gate = gate.clamp(min=None, max=self.limit)
+        up = up.clamp(min=-self.limit, max=self.limit)
+        return (up + 1) * (gate * torch.sigmoid(gate * self.alpha))
+
+    def _stacked(self, expert: int) -> tuple[torch.Tensor, ...]:
+        # the gate and up columns kept interleaved in one projection: the form OpenVINO's CPU plugin fuses into two
+        # `GatherMatmul`s (its `ConvertTiledMoeBlockTo2GatherMatmuls`: one product, its bias, two strided slices)
+        return self.gate_up_proj[expert].t(), self.down_proj[expert].t()
+
+    def _stacked_biases(self, expert: int) -> tuple[torch.Tensor, ...]:
+        return self.gate_up_proj_bias[expert], self.down_proj_bias[expert]
+
+    def _traced(self, hidden_states, top_k_index, top_k_weights):
+        """optimum-intel's gpt-oss form (`batched_mm_experts_forward_patched`) over the stacked projections."""
+        expanded, weigh = _every_expert(self, hidden_states, top_k_index, top_k_weights)
+        (gate_up_proj, down_proj), (gate_up_bias, down_bias) = self.stacked, self.stacked_biases
+        gate_up = gate_up_proj(expanded) + gate_up_bias
+        gate, up = gate_up[..., ::2], gate_up[..., 1::2]
+        return weigh(down_proj(self._gated(gate, up)) + down_bias)
+
+
+FAMILIES["gpt_oss"] = ("transformers.models.gpt_oss.modeling_gpt_oss", "GptOssExperts", GptOssStoredExperts)
+
+
 def stacked_forward(self, hidden_states, top_k_index, top_k_weights):
     """The traced form: optimum-intel's `lfm2_moe_experts_forward` (every expert on every token, weighted by the
     scattered top-k gates) over the stacked projections, gate and up apart (no chunk for OpenVINO to fold)."""
+    expanded, weigh = _every_expert(self, hidden_states, top_k_index, top_k_weights)
+    gate_proj, up_proj, down_proj = self.stacked
+    return weigh(down_proj(self._gated(gate_proj(expanded), up_proj(expanded))))
+
+
+def _every_expert(experts, hidden_states, top_k_index, top_k_weights):
+    """The traced form's two ends: the tokens repeated for every expert `[experts, tokens, hidden]`, and what sums
+    the experts' outputs weighted by the scattered top-k gates (the form OpenVINO's CPU plugin fuses)."""
     routing = top_k_weights.to(hidden_states.dtype)
     tokens, hidden = hidden_states.shape
-    dense = torch.zeros(tokens, self.num_experts, dtype=hidden_states.dtype, device=hidden_states.device)
+    dense = torch.zeros(tokens, experts.num_experts, dtype=hidden_states.dtype, device=hidden_states.device)
     dense.scatter_(dim=1, index=top_k_index, src=routing)
-    expanded = hidden_states.repeat(self.num_experts, 1).view(self.num_experts, -1, hidden)
-    gate_proj, up_proj, down_proj = self.stacked
-    out = down_proj(self.act_fn(gate_proj(expanded)) * up_proj(expanded))
-    # the view is a no-op that OpenVINO's CPU plugin's GatherMatmul fusion expects there (without it: none)
-    out = out.view(self.num_experts, tokens, hidden) * dense.transpose(0, 1).view(self.num_experts, tokens)[..., None]
-    return out.sum(dim=0)
+    expanded = hidden_states.repeat(experts.num_experts, 1).view(experts.num_experts, -1, hidden)
+
+    def weigh(out):
+        # the view is a no-op that OpenVINO's CPU plugin's GatherMatmul fusion expects there (without it: none)
+        gates = dense.transpose(0, 1).view(experts.num_experts, tokens)[..., None]
+        return (out.view(experts.num_experts, tokens, hidden) * gates).sum(dim=0)
+
+    return expanded, weigh
 
 
 def stacked_projection(weight: torch.Tensor) -> torch.nn.Linear:
@@ -197,6 +282,8 @@ def _batched_linear(self, x: torch.Tensor) -> torch.Tensor:
 
 def _experts_class(model_type: str) -> type:
     names = FAMILIES[model_type][2]
+    if isinstance(names, type):  # a layout of its own (gpt-oss)
+        return names
     base = FusedStoredExperts if names == FUSED else StoredExperts
     return type(f"Stored{FAMILIES[model_type][1]}", (base,), {"names": names, "__module__": __name__})
 
@@ -253,13 +340,17 @@ def mapped_copy(tensor: torch.Tensor) -> torch.Tensor:
 
 def _stack(experts: StoredExperts) -> None:
     """Give `experts` its stacked projections (`[experts, out, in]`, file-backed) and the traced forward."""
-    first = experts._projections(0)
+    first = experts._stacked(0)
     stacked = [_mapped((experts.num_experts, *w.shape), w.dtype) for w in first]
     for expert in range(experts.num_experts):
-        for target, weight in zip(stacked, experts._projections(expert)):
+        for target, weight in zip(stacked, experts._stacked(expert)):
             target[expert].copy_(weight)
     experts.stacked = torch.nn.ModuleList(stacked_projection(w) for w in stacked)  # not an expert: popped after
-    experts.forward = types.MethodType(stacked_forward, experts)
+    # biases `[experts, 1, out]`, small: float32 copies, constants of the trace (what the CPU plugin's fusion reads)
+    biases = [experts._stacked_biases(e) for e in range(experts.num_experts)]
+    experts.__dict__["stacked_biases"] = None if biases[0] is None else tuple(
+        torch.stack(column)[:, None, :].float() for column in zip(*biases))
+    experts.forward = experts._traced
     # out of the traced tree: OpenVINO's 16-bit tracing casts the 16-bit tensors of any module but an nn.Linear (and
     # a few others) to float32, in place (a fused checkpoint's `gate_up_proj`: twice its bytes, new memory)
     experts.__dict__["_hidden_parameters"] = dict(experts._parameters)
@@ -269,6 +360,7 @@ def _stack(experts: StoredExperts) -> None:
 def _unstack(experts: StoredExperts) -> None:
     experts._modules.pop("stacked", None)
     experts.__dict__.pop("forward", None)
+    experts.__dict__.pop("stacked_biases", None)
     experts._parameters.update(experts.__dict__.pop("_hidden_parameters", {}))
 
 

@@ -26,8 +26,10 @@ def _key(node) -> int:
 
 
 # operations a block may hold between its input and its sum, each computed per expert along axis 0
-_PER_EXPERT = {"MatMul", "Multiply", "Add", "Subtract", "Swish", "Sigmoid", "Gelu", "Relu", "Clamp", "Convert",
-               "Reshape"}  # a Reshape only where it keeps the shape (`_same_shape`): the form the CPU plugin fuses
+_PER_EXPERT = {"MatMul", "Multiply", "Add", "Subtract", "Swish", "Sigmoid", "Gelu", "Relu", "Clamp", "Minimum",
+               "Convert", "Reshape", "Slice"}
+# a Reshape only where it keeps the shape (`_same_shape`): the form the CPU plugin fuses; a Slice only along another
+# axis than the experts' (gpt-oss's interleaved gate and up columns: `_slices_within`)
 
 
 def _experts_axis(output) -> int | None:
@@ -53,11 +55,20 @@ def _same_shape(reshape) -> bool:
             and all(a[i].is_static and b[i].is_static and a[i].get_length() == b[i].get_length() for i in (0, 2)))
 
 
+def _slices_within(slice_op) -> bool:
+    """A Slice whose constant axes leave the first (the experts') axis whole."""
+    axes = slice_op.input(4).get_source_output().get_node() if slice_op.get_input_size() > 4 else None
+    if axes is None or axes.get_type_name() != "Constant":
+        return False
+    return all(int(a) % 3 != 0 for a in axes.data.reshape(-1))  # rank 3: axis 0 or -3 is the experts'
+
+
 def _per_expert(node, experts: int) -> bool:
     """Whether `node` is computed per expert along axis 0 (what the block is made of; anything else feeding it,
     the tiled tokens or the router's weights, is sliced per range)."""
     kind = node.get_type_name()
     return (kind in _PER_EXPERT and _experts_axis(node.output(0)) == experts
+            and (kind != "Slice" or _slices_within(node))
             and not (kind == "Reshape" and not _same_shape(node))
             and not (kind == "Convert" and _weight(node.output(0)) is not None))
 
@@ -92,8 +103,8 @@ def blocks(model) -> list[tuple[object, list, list]]:
                 src = inp.get_source_output()
                 if node.get_type_name() == "MatMul" and i == 1 and (w := _weight(src)) is not None:
                     weights.append(w)
-                elif node.get_type_name() == "Reshape" and i == 1:
-                    continue  # its target shape: not rebuilt (`_rebuilt` passes the data through)
+                elif node.get_type_name() == "Reshape" and i == 1 or node.get_type_name() == "Slice" and i > 0:
+                    continue  # a Reshape's target shape (`_rebuilt` passes the data through), a Slice's bounds
                 elif _per_expert(src.get_node(), experts):
                     stack.append(src.get_node())
         if ok and weights and all(len(w.get_output_shape(0)) == 3 and w.get_output_shape(0)[0] == experts
@@ -230,6 +241,10 @@ def _operation(kind, node, args, ops):
         return ops.gelu(args[0], attrs["approximation_mode"])
     if kind == "Clamp":
         return ops.clamp(args[0], attrs["min"], attrs["max"])
+    if kind == "Minimum":
+        return ops.minimum(*args)
+    if kind == "Slice":  # along another axis than the experts' (`_slices_within`): its bounds as they were
+        return ops.slice(*args)
     if kind == "Convert":
         return ops.convert(args[0], node.get_output_element_type(0))
     raise AssertionError(f"no rebuild for {kind}")

@@ -98,3 +98,25 @@ def test_fp16_positions_measures_both_artifacts(tmp_path):
     ours, theirs = data["shared"]["max_abs_diff"][0], data["with-past"]["max_abs_diff"][0]
     assert ours < 1e-3 * max(data["max_abs_logit"][0], 1.0) and theirs > ours
     assert "| 16 |" in page.read_text()
+
+
+def test_moe_page_is_its_results_rendered(tmp_path):
+    """`benchmarks/moe.py --report-only`: docs/benchmarks-moe.md is what its JSON renders to, and a row of other
+    weights than fp16 is named with them, its slope apart from the fp16 rows'."""
+    moe = ROOT / "benchmarks" / "moe.py"
+    results = ROOT / "docs" / "benchmarks-moe.json"
+    proc = subprocess.run([sys.executable, str(moe), "--report-only", str(results), "--docs-dir", str(tmp_path)],
+                          capture_output=True, text=True, env=_env(), timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert (tmp_path / "benchmarks-moe.md").read_text() == (ROOT / "docs" / "benchmarks-moe.md").read_text()
+
+    data = json.loads(results.read_text())
+    fp16 = [r for r in data["rows"] if r["model_type"] == "qwen3_moe" and r.get("weights", "fp16") == "fp16"]
+    int4 = [{**r, "weights": "int4, group size 128"} for r in fp16]
+    (tmp_path / "mixed.json").write_text(json.dumps({**data, "rows": fp16 + int4}))
+    proc = subprocess.run([sys.executable, str(moe), "--report-only", str(tmp_path / "mixed.json"), "--docs-dir",
+                           str(tmp_path)], capture_output=True, text=True, env=_env(), timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    page = (tmp_path / "benchmarks-moe.md").read_text()
+    assert page.count("| qwen3_moe, int4, group size 128 (") == len(fp16) and page.count("| qwen3_moe (") == len(fp16)
+    assert "qwen3_moe (int4, group size 128): " in page and "qwen3_moe: " in page

@@ -381,3 +381,15 @@ def file_mapped(tensor, path) -> bool:
             if start <= address < end:
                 return True
     return False
+
+
+def stored_experts_mapped(load, checkpoint) -> int:
+    """How many experts modules of the model `load()` returns are `moe_experts.StoredExperts` (at least one), every
+    expert's weights asserted to lie in a mapping of `checkpoint`'s safetensors file."""
+    from optimum_shared_graph.architectures import moe_experts
+
+    stored = [m for m in load().modules() if isinstance(m, moe_experts.StoredExperts)]
+    assert stored
+    weights = [w for experts in stored for e in range(experts.num_experts) for w in experts._projections(e)]
+    assert all(file_mapped(w, (checkpoint / "model.safetensors").resolve()) for w in weights)
+    return len(stored)

@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from conftest import (EXACT, NPU_PRECISION, PROMPTS, break_decode, file_mapped, judged_greedy, pytorch_reference,
-                      run_cli, run_cli_in_process, sixteen_bit)
+                      run_cli, run_cli_in_process, sixteen_bit, stored_experts_mapped)
 
 import optimum_shared_graph as osg
 from optimum_shared_graph import architectures, read_manifest
@@ -227,12 +227,7 @@ def test_moe_experts_of_every_per_expert_checkpoint_load_as_stored_and_fuse(mode
         pytest.skip("the installed transformers is outside the fix's range")
     model = tiny_model(model_type)
     with moe_experts.while_exporting(model_type, tmp_path / "scratch"):
-        loaded = AutoModelForCausalLM.from_pretrained(model, dtype="auto")
-    stored = [m for m in loaded.modules() if isinstance(m, moe_experts.StoredExperts)]
-    assert stored
-    weights = [w for experts in stored for e in range(experts.num_experts) for w in experts._projections(e)]
-    assert all(file_mapped(w, (model / "model.safetensors").resolve()) for w in weights)
-    del loaded, weights
+        layers = stored_experts_mapped(lambda: AutoModelForCausalLM.from_pretrained(model, dtype="auto"), model)
     # the stored experts compute what transformers' own experts module does (the export's reference is theirs)
     ids = torch.tensor([[5, 7, 9, 11, 3, 2]])
     with moe_experts.while_exporting(model_type, tmp_path / "scratch"), torch.no_grad():
@@ -246,15 +241,15 @@ def test_moe_experts_of_every_per_expert_checkpoint_load_as_stored_and_fuse(mode
     assert not [p.name for p in tmp_path.iterdir() if p.name.startswith(".")]  # no staging directory left
     compiled = ov.Core().compile_model(tmp_path / "ov" / "openvino_model.xml", "CPU")
     kinds = [op.get_rt_info()["layerType"].astype(str) for op in compiled.get_runtime_model().get_ops()]
-    assert kinds.count("GatherMatmul") == (2 if model_type == "gpt_oss" else 3) * len(stored), sorted(set(kinds))
+    assert kinds.count("GatherMatmul") == (2 if model_type == "gpt_oss" else 3) * layers, sorted(set(kinds))
 
     # each MoE block recognised for validation in parts (`graph/experts.py`), and the same logits split into ranges
     from optimum_shared_graph.graph import experts as moe_graph
 
     graph = ov.Core().read_model(tmp_path / "ov" / "openvino_model.xml")
-    assert len(moe_graph.blocks(graph)) == len(stored)
+    assert len(moe_graph.blocks(graph)) == layers
     split = ov.Core().read_model(tmp_path / "ov" / "openvino_model.xml")
-    assert moe_graph.split_experts(split, 1) == len(stored)
+    assert moe_graph.split_experts(split, 1) == layers
     ids = np.array([[5, 7, 9, 11, 3, 2]])
     feed = {"input_ids": ids, "attention_mask": np.ones_like(ids), "position_ids": np.arange(6)[None],
             "beam_idx": np.array([0])}

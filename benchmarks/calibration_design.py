@@ -100,6 +100,19 @@ def quantize(base: Path, out: Path, mode: str, design: str, texts: list[str], nu
     return info
 
 
+def base_graph(model: Path, work: Path, base_task: str = "with-past") -> Path:
+    """The fp32 stateless graph every design quantizes, exported once into `work / "fp32-stateless"`: optimum-intel's
+    own stateless export; where its version cap refuses the model type (`base_task="shared"`), this package's task
+    (which lifts the cap once validation passes) with every logit kept, stateless as well."""
+    base = work / "fp32-stateless"
+    if not (base / "openvino_model.xml").is_file():
+        task = ["--task", "text-generation-with-past"] if base_task == "with-past" else [
+            "--task", "text-generation-shared", "--logits", "all"]
+        subprocess.run(["optimum-cli", "export", "openvino", "-m", str(model), *task,
+                        "--weight-format", "fp32", "--disable-stateful", str(base)], check=True, capture_output=True)
+    return base
+
+
 def weight_inputs(ov_model):
     """(name, output) of the activation input of every MatMul whose other input is a constant (through Converts)."""
     found = []
@@ -316,14 +329,7 @@ def main() -> None:
     name = model.name
     work = args.work / name
     work.mkdir(parents=True, exist_ok=True)
-    base = work / "fp32-stateless"
-    if not (base / "openvino_model.xml").is_file():
-        # optimum-intel's own stateless export; where its version cap refuses the model type, this package's task
-        # (which lifts the cap once validation passes) with every logit kept, stateless as well
-        task = ["--task", "text-generation-with-past"] if args.base_task == "with-past" else [
-            "--task", "text-generation-shared", "--logits", "all"]
-        subprocess.run(["optimum-cli", "export", "openvino", "-m", str(model), *task,
-                        "--weight-format", "fp32", "--disable-stateful", str(base)], check=True, capture_output=True)
+    base = base_graph(model, work, args.base_task)
     tokenizer = AutoTokenizer.from_pretrained(model)
     tokens = np.asarray(tokenizer(args.eval.read_text(encoding="utf-8"))["input_ids"], dtype=np.int64)
     length = args.prompt + args.decode + 1

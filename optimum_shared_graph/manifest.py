@@ -315,6 +315,8 @@ def build_manifest(
                if calibration is not None and calibration.graph else {}),
             **({"calibration_decode_steps_reason": calibration.reason}
                if calibration is not None and calibration.graph and calibration.reason else {}),
+            **({"float_matmuls": calibration.float_matmuls}
+               if calibration is not None and calibration.float_matmuls is not None else {}),
         },
     )
 

@@ -318,3 +318,65 @@ def test_negative_decode_steps_are_refused_with_one_line():
     with pytest.raises(InvalidOptionsError, match="calibration decode steps must be 0 or more, got -1") as info:
         BothStageSamples(None, [], -1)
     assert "\n" not in str(info.value)
+
+
+def test_mlp_output_matmuls_are_the_down_projections():
+    """`mlp_output_matmuls` names the MatMuls with a constant weight that read an MLP's activation, directly or gated
+    (llama's `down_proj`), in a real graph: not the up and gate projections, nor a MatMul of two activations."""
+    import openvino as ov
+    import openvino.opset13 as ops
+
+    from optimum_shared_graph.quantization.calibration import mlp_output_matmuls
+
+    def linear(x, rows, cols, name):
+        op = ops.matmul(x, ops.convert(ops.constant(np.ones((rows, cols), np.float16)), np.float32), False, True)
+        op.set_friendly_name(name)
+        return op
+
+    x = ops.parameter([1, -1, 8], np.float32, name="x")
+    gated = linear(ops.multiply(ops.swish(linear(x, 16, 8, "gate")), linear(x, 16, 8, "up")), 8, 16, "down")
+    plain = linear(ops.gelu(linear(x, 16, 8, "fc1"), "erf"), 8, 16, "fc2")
+    scores = ops.matmul(gated, plain, False, True)
+    model = ov.Model([scores, linear(x, 4, 8, "head")], [x])
+    assert mlp_output_matmuls(model) == ["down", "fc2"]
+
+
+def test_int8_leaves_the_down_projections_in_float(export):
+    """`--quant-mode int8` on a text graph: the MLPs' down projections read float activations (NNCF's ignored scope),
+    every other MatMul with a weight int8 ones; the manifest names them; weight compression is untouched."""
+    import openvino as ov
+
+    out = export("int8-defaults", "--quant-mode", "int8", "--num-samples", "4")
+    floats = read_manifest(out).quantization["float_matmuls"]
+    assert floats and all("mlp.down_proj" in name for name in floats)
+    quantized = {}
+    for op in ov.Core().read_model(out / "openvino_model.xml").get_ordered_ops():
+        if op.get_type_name() == "MatMul" and "_proj" in op.get_friendly_name():
+            source = op.input_value(0).get_node()
+            quantized[op.get_friendly_name()] = source.get_type_name() == "FakeQuantize"
+    assert sorted(name for name, fq in quantized.items() if not fq) == sorted(floats)
+    assert sum(quantized.values()) == len(quantized) - len(floats) > 0
+    awq = read_manifest(export("int4-awq", "--weight-format", "int4", "--awq", "--group-size", "64", "--ratio", "1.0",
+                               "--calibration-decode-steps", str(DECODE_STEPS))).quantization
+    assert "float_matmuls" not in awq
+
+
+def test_int8_defaults_leave_f8_and_user_settings_alone():
+    """The defaults apply to int8 activations only; SmoothQuant's alpha reaches NNCF's parameters unless the user
+    gave one (`--smooth-quant-alpha`); a user's own ignored scope is kept beside the down projections."""
+    from optimum.intel.openvino.configuration import OVQuantizationConfig
+
+    from optimum_shared_graph.quantization.calibration import (
+        SMOOTH_QUANT_ALPHA, is_int8_activations, with_int8_activation_defaults,
+    )
+
+    default = with_int8_activation_defaults(OVQuantizationConfig(dtype="int8"), [])
+    assert default.to_nncf_dict()["advanced_parameters"].smooth_quant_alphas.matmul == SMOOTH_QUANT_ALPHA
+    given = with_int8_activation_defaults(OVQuantizationConfig(dtype="int8", smooth_quant_alpha=0.8), [])
+    assert given.to_nncf_dict()["advanced_parameters"].smooth_quant_alphas.matmul == 0.8
+
+    assert is_int8_activations(OVQuantizationConfig(dtype="int8"))
+    assert not is_int8_activations(OVQuantizationConfig(dtype="f8e4m3"))
+    config = with_int8_activation_defaults(OVQuantizationConfig(ignored_scope={"names": ["mine"]}), ["outlier"])
+    scope = config.to_nncf_dict()["ignored_scope"]
+    assert scope.names == ["mine", "outlier"] and not scope.validate

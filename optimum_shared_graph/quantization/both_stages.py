@@ -41,7 +41,7 @@ from ..runtimes.session import position_ids_from_mask
 from .calibration import (
     COMPILE_CONFIG,
     CalibrationReport, _apply_calibrated, _as_numpy, _prepared_config, decode_steps_for, is_data_aware,
-    load_stateless, make_stateful, prompt_inputs,
+    is_int8_activations, load_stateless, make_stateful, mlp_output_matmuls, prompt_inputs, with_int8_activation_defaults,
 )
 
 _STEP_INPUTS = {"input_ids", "attention_mask", "position_ids"}
@@ -321,6 +321,9 @@ def quantize_both_stages(
         merged = max(1, round(float(np.mean([_as_numpy(p["input_ids"]).shape[-1] for p in prompts]))))
     samples = BothStageSamples(model.model, prompts, decode_steps, decode_tokens_per_sample=merged)
     report.record(samples, decode_steps)
+    if is_int8_activations(config):  # the down projections, whose inputs hold outliers, stay in float; alpha 0.5
+        report.float_matmuls = mlp_output_matmuls(model.model)
+        config = with_int8_activation_defaults(config.clone(), report.float_matmuls)
     _apply_calibrated(model, config, samples, model_name_or_path=model_name_or_path,
                       trust_remote_code=trust_remote_code, save_directory=output, immediate_save=True)
     model_config = model.config

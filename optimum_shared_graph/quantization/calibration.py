@@ -49,6 +49,20 @@ BOTH_STAGES = ("default for full quantization: prefill and 16 decode calls per t
 # prefill-only calibration (`--calibration-decode-steps 0`) uses it too. See docs/quantization.md.
 ACTIVATION_RANGE_ESTIMATOR: str | None = "MINMAX"
 
+# `--quant-mode int8` on a text graph: the MLPs' output projections (the MatMuls with a constant weight reading the
+# MLP's activation, `mlp_output_matmuls`: llama's `down_proj`) are left in float (an NNCF ignored scope), and NNCF
+# SmoothQuant's alpha for MatMuls is 0.5 where `--smooth-quant-alpha` is not given. A trained LLM's down projections
+# read a few channels of huge values at the first token (on SmolLM2-135M-Instruct up to 3,271 where 99.9% of the other
+# tokens' values are below 1.3): NNCF's per-tensor int8 range spans them and rounds the other tokens' inputs to a few
+# levels; SmoothQuant (its scales capped at 100) cannot fold a one-token outlier away, and NNCF refuses per-channel
+# activation quantizers on the CPU. Only the 6 of 30 down projections with the largest outliers in float left +6.0%
+# perplexity, all 30 +1.7%; NNCF's alpha (0.95) moves nearly all of a channel's range into the weights and left the
+# first positions' KL at 0.65, 0.5 at 0.04. Measured by benchmarks/activation_quantization.py (docs/quality.md).
+SMOOTH_QUANT_ALPHA = 0.5
+# The activation functions of an MLP, whose output (or its product with the up projection: a gated MLP) a down
+# projection reads.
+MLP_ACTIVATIONS = ("Swish", "Gelu", "Relu", "HSwish", "Mish", "Sigmoid")
+
 # How calibration compiles the fp32 graph it generates with: the KV state the fp32 model really produces.
 COMPILE_CONFIG = {"INFERENCE_PRECISION_HINT": "f32"}
 
@@ -65,6 +79,7 @@ class CalibrationReport:
     decode_steps: int = 0
     graph: str | None = None  # "stateless" when samples carried their cache explicitly
     reason: str | None = None  # why this many decode steps (`decode_steps_for`)
+    float_matmuls: list[str] | None = None  # --quant-mode int8: MatMuls left in float (`mlp_output_matmuls`)
 
     def counts(self) -> dict[str, int]:
         return {"prefill": self.prefill, "decode": self.decode}
@@ -286,6 +301,62 @@ def _prepared_config(model, quantization_config: Any, model_name_or_path: str):
     if isinstance(config, dict):
         config = _quantization_config_from_dict(config)
     return model._preprocess_quantization_config(config, model_name_or_path)
+
+
+def mlp_output_matmuls(ov_model) -> list[str]:
+    """The names of the MatMuls of `ov_model` with a constant weight (through Converts) that read an MLP's activation
+    (`MLP_ACTIVATIONS`), directly or multiplied by another branch (a gated MLP: llama's `down_proj`)."""
+
+    def source(value):
+        node = value.get_node()
+        while node.get_type_name() == "Convert":
+            node = node.input_value(0).get_node()
+        return node
+
+    found = []
+    for op in ov_model.get_ordered_ops():
+        if op.get_type_name() != "MatMul" or source(op.input_value(1)).get_type_name() != "Constant":
+            continue
+        act = source(op.input_value(0))
+        feeding = [act] + ([source(v) for v in act.input_values()] if act.get_type_name() == "Multiply" else [])
+        if any(node.get_type_name() in MLP_ACTIVATIONS for node in feeding):
+            found.append(op.get_friendly_name())
+    return found
+
+
+def is_int8_activations(config) -> bool:
+    """Whether the config quantizes activations to int8 with NNCF (`--quant-mode int8`): what `SMOOTH_QUANT_ALPHA` and
+    `mlp_output_matmuls` were measured for (not the `*_f8e4m3` modes, whose activations keep a float format)."""
+    from optimum.intel.openvino.configuration import OVQuantizationConfig
+
+    return isinstance(config, OVQuantizationConfig) and config.dtype == "int8"
+
+
+def with_int8_activation_defaults(config, ignored: list[str]):
+    """The config (already a copy) of `--quant-mode int8` with this package's defaults for a text graph: `ignored`
+    MatMuls left in float (`mlp_output_matmuls`, the user's own ignored scope kept), and `SMOOTH_QUANT_ALPHA` where the
+    user gave no alpha."""
+    if config.smooth_quant_alpha is None:
+        config.smooth_quant_alpha = SMOOTH_QUANT_ALPHA
+    return _with_ignored(config, ignored)
+
+
+def _with_ignored(config, names: list[str]):
+    """The config (already a copy) with `names` added to the ignored scope of its full-quantization parts (optimum-
+    intel's `ignored_scope` dict, the user's own scope kept)."""
+    from optimum.intel.openvino.configuration import OVQuantizationConfig
+
+    if not names:
+        return config
+    parts = [config, getattr(config, "full_quantization_config", None)]
+    parts += list((getattr(config, "quantization_configs", None) or {}).values())
+    for part in parts:
+        if isinstance(part, OVQuantizationConfig):
+            scope = dict(part.ignored_scope or {})
+            scope["names"] = list(dict.fromkeys([*(scope.get("names") or []), *names]))
+            scope.setdefault("validate", False)
+            part.ignored_scope = scope
+    return config
 
 
 def _apply_calibrated(model, config, samples, *, model_name_or_path: str, trust_remote_code: bool,

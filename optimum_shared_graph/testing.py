@@ -423,10 +423,12 @@ def draw_zero_initialised(model, model_type: str) -> None:
     """Give `model`'s zero-initialised tensors of `_DRAWN` N(0, initializer_range) values."""
     import torch
 
+    if model_type not in _DRAWN:
+        return
     std = model.config.initializer_range
     with torch.no_grad():
         for layer in model.model.layers:
-            for path in _DRAWN.get(model_type, ()):
+            for path in _DRAWN[model_type]:
                 tensor = layer
                 for name in path.split("."):
                     tensor = getattr(tensor, name, None)

@@ -28,8 +28,8 @@ from optimum_shared_graph.testing import NPU_ON_CPU
 
 # The model types this package repairs under transformers 5.5 (optimum-intel's own configs fail there).
 REPAIRED = ["bigbird_pegasus", "blenderbot", "dbrx", "deepseek_v2", "deepseek_v3", "falcon_mamba", "gemma4_text",
-            "gpt_neo", "granitemoe", "granitemoehybrid", "lfm2", "lfm2_moe", "mamba", "marian", "mbart", "mixtral", "mpt",
-            "pegasus", "phimoe", "qwen2_moe", "qwen3_5_moe_text", "qwen3_5_text", "qwen3_moe", "qwen3_next",
+            "gpt_neo", "gpt_oss", "granitemoe", "granitemoehybrid", "lfm2", "lfm2_moe", "mamba", "marian", "mbart",
+            "mixtral", "mpt", "pegasus", "phimoe", "qwen2_moe", "qwen3_5_moe_text", "qwen3_5_text", "qwen3_moe", "qwen3_next",
             "starcoder2", "zamba2"]
 
 # The decoder-only (`*ForCausalLM`) form of the sequence-to-sequence families optimum-intel registers for

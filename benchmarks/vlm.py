@@ -44,7 +44,7 @@ TASK = "image-text-to-text-shared"
 BASELINES = {"gemma3": ("image-text-to-text", None), "qwen3_5": ("text-generation-shared", "image-text-to-text")}
 WALL_TARGET, MEMORY_TARGET = 1.3, 1.2
 F32 = {"KV_CACHE_PRECISION": "f32", "INFERENCE_PRECISION_HINT": "f32"}
-LIMIT_TRIES, LIMIT_STEP = 3, 0.5
+LIMIT_TRIES, LIMIT_STEP = 2, 0.5
 
 
 def build(model_type: str, layers: int, out: Path) -> dict:
@@ -104,13 +104,13 @@ def stages(model: Path, out: Path) -> dict:
     return {"completed": True, **json.loads(proc.stdout.strip().splitlines()[-1])}
 
 
-def smallest_limit(model: Path, out: Path, peak_anon_mb: float, logs: Path) -> list[dict]:
+def smallest_limit(model: Path, out: Path, peak_anon_mb: float, logs: Path, most: int = LIMIT_TRIES) -> list[dict]:
     """This task's export under hard limits on a `LIMIT_STEP` grid, from below its unlimited peak anonymous memory
-    (0.75x, at least 1.5 GiB) upward until one completes validated, at most `LIMIT_TRIES`; where the first completes,
+    (0.75x, at least 1.5 GiB) upward until one completes validated, at most `most` tries; where the first completes,
     one step below it too. Each try's row (the artifact removed)."""
     gib = max(1.5, math.floor(peak_anon_mb * 0.75 / 1024 / LIMIT_STEP) * LIMIT_STEP)
     tries: list[dict] = []
-    while len(tries) < LIMIT_TRIES:
+    while len(tries) < most:
         row = moe.export(model, out, TASK, gib, logs / f"{model.name}-shared-{gib:g}.log")
         shutil.rmtree(out, ignore_errors=True)
         tries.append(row)
@@ -134,9 +134,18 @@ def run(args) -> dict:
     work.mkdir(parents=True, exist_ok=True)
     logs = work / "logs-vlm"
     logs.mkdir(exist_ok=True)
-    rows = []
-    for model_type in args.types:
-        for layers in args.layers:
+    results = {"rows": [], "machine": context.machine(), "versions": context.versions(),
+               "date": time.strftime("%Y-%m-%d"), "note": args.note}
+    rows = results["rows"]
+
+    def keep() -> None:  # what a crash or a stop leaves: renderable with --report-only
+        results["machine"] = context.machine()
+        (work / "vlm-partial.json").write_text(json.dumps(results, indent=1) + "\n")
+
+    # 1. each family and depth: the checkpoint, the baseline, this task's export, VLMPipeline on its artifact; every
+    # family at the first depth before any at the next, so a stopped run has the most rows it could
+    for layers in args.layers:
+        for model_type in args.types:
             model = work / f"{model_type}-{layers}"
             row = build(model_type, layers, model)
             base_task, tried = BASELINES[model_type]
@@ -148,19 +157,28 @@ def run(args) -> dict:
             if ours["completed"]:
                 row["parity"] = parity(work / "vlm-shared")
             shutil.rmtree(work / "vlm-shared", ignore_errors=True)
-            if ours["completed"]:
-                if (why := cgroup_available()) is None:
-                    row["limits"] = smallest_limit(model, work / "vlm-shared", ours["peak_anon_mb"], logs)
-                else:
-                    row["limits"] = [{"skipped": why}]
-                if args.stages and any(not t["met"] for t in targets(row)):
-                    row["stages"] = stages(model, work / "vlm-stages")
-            if not args.keep_models:
-                shutil.rmtree(model, ignore_errors=True)
             rows.append(row)
-            (work / "vlm-partial.json").write_text(json.dumps(rows, indent=1) + "\n")  # what a crash leaves
-    return {"rows": rows, "machine": context.machine(), "versions": context.versions(),
-            "date": time.strftime("%Y-%m-%d"), "note": args.note}
+            keep()
+            if not args.keep_models and layers not in (*args.limit_layers, *args.stages_layers):
+                shutil.rmtree(model, ignore_errors=True)
+    # 2. the smallest hard limit, at the depths asked; 3. the steps of an export that missed a target
+    for row in rows:
+        model = work / f"{row['model_type']}-{row['layers']}"
+        if row["shared"]["completed"] and row["layers"] in args.limit_layers:
+            if (why := cgroup_available()) is None:
+                row["limits"] = smallest_limit(model, work / "vlm-shared", row["shared"]["peak_anon_mb"], logs,
+                                               args.limit_tries)
+            else:
+                row["limits"] = [{"skipped": why}]
+            keep()
+    for row in rows:
+        model = work / f"{row['model_type']}-{row['layers']}"
+        if args.stages and row["layers"] in args.stages_layers and any(not t["met"] for t in targets(row)):
+            row["stages"] = stages(model, work / "vlm-stages")
+            keep()
+        if not args.keep_models:
+            shutil.rmtree(model, ignore_errors=True)
+    return results
 
 
 def targets(row: dict) -> list[dict]:
@@ -188,7 +206,7 @@ def _export_cell(e: dict) -> str:
 
 def _limits_cell(tries: list[dict]) -> str:
     if not tries:
-        return "-"
+        return "not run at this depth"
     if "skipped" in tries[0]:
         return f"skipped ({tries[0]['skipped']})"
     done = [t for t in tries if _validated(t)]
@@ -206,7 +224,8 @@ def _parity_cell(p: dict | None) -> str:
         return f"**{p.get('status')}**: {p.get('error', '')}"
     compared = sum(p.get("compared_tokens") or [0])
     extra = f"; not compared: {p['not_compared']}" if p.get("not_compared") else ""
-    return f"passed, {compared} of {p.get('greedy_tokens')} greedy tokens ({p.get('rule')} rule{extra})"
+    same = ", identical" if p.get("greedy_match") else f", differing within the {p.get('rule')} rule's margins"
+    return f"passed, {compared} of {p.get('greedy_tokens')} greedy tokens compared{same}{extra}"
 
 
 def render(results: dict) -> str:
@@ -326,6 +345,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workdir", type=Path, default=HERE / "results")
     parser.add_argument("--docs-dir", type=Path, default=HERE.parent / "docs")
     parser.add_argument("--keep-models", action="store_true")
+    parser.add_argument("--limit-layers", nargs="*", type=int, default=[2],
+                        help="the depths whose export is also run under hard limits (each try is a whole export)")
+    parser.add_argument("--limit-tries", type=int, default=LIMIT_TRIES)
+    parser.add_argument("--stages-layers", nargs="*", type=int, default=[2],
+                        help="the depths whose export is step-timed where it misses a target")
     parser.add_argument("--no-stages", dest="stages", action="store_false",
                         help="no step-timed export where a target is missed")
     parser.add_argument("--note", default="", help="the run's conditions, printed on the page")

@@ -158,7 +158,7 @@ def test_vlm_page_renders_targets_limits_parity_and_slope(tmp_path):
            "full_attention | 27 x 1152 (16 heads, MLP 4304) | 896 px, patches of 14 | 2.56 GB |" in page
     assert ("| gemma3 | 2 | optimum-intel `image-text-to-text` | 100 s, 3,000 MB anonymous, 6,000 MB RSS | "
             "120 s, 3,300 MB anonymous, 6,100 MB RSS | 1.20x | 1.10x | 1.02x | **2 GiB** (1.5 GiB failed (killed (out "
-            "of memory)), 2 GiB validated) | passed, 4 of 4 greedy tokens (fp32 rule) | passed, 4 tokens |") in page
+            "of memory)), 2 GiB validated) | passed, 4 of 4 greedy tokens compared, identical | passed, 4 tokens |") in page
     assert "| gemma3 | 4 | wall | 1.45x | <= 1.3x | **missed** |" in page
     assert "| gemma3 | 4 | peak anonymous memory | 1.03x | <= 1.2x | met |" in page
     assert "| 1.45x (**missed**) |" in page and "| **2.5 GiB** (2 GiB failed" in page

@@ -206,7 +206,7 @@ def _export_cell(e: dict) -> str:
 
 def _limits_cell(tries: list[dict]) -> str:
     if not tries:
-        return "not run at this depth"
+        return "not run"
     if "skipped" in tries[0]:
         return f"skipped ({tries[0]['skipped']})"
     done = [t for t in tries if _validated(t)]
@@ -237,6 +237,8 @@ def render(results: dict) -> str:
              f"({', '.join(results['machine'].get('isa', []))}).", ""]
     if results.get("note"):
         lines += [f"Conditions: {results['note']}", ""]
+    if results.get("stopped"):
+        lines += [f"**Stopped before the end**: {results['stopped']}", ""]
     lines += ["Random-init checkpoints of the released checkpoints' widths (`optimum_shared_graph.released."
               "build_released_multimodal`, fp16, laid out as published, with their processor: image processor at "
               "the release's sizes, a locally trained tokenizer with the image tokens, a chat template; "
@@ -262,6 +264,11 @@ def render(results: dict) -> str:
                      f"{r['layers']} ({r['released_layers']}): {', '.join(t['layer_types'])} | {v['layers']} x "
                      f"{v['hidden_size']} ({v['heads']} heads, MLP {v['intermediate_size']}) | {image} | "
                      f"{_gb(r['checkpoint_bytes'])} |")
+    from optimum_shared_graph import released
+
+    for model_type in dict.fromkeys(r["model_type"] for r in rows):
+        entry = released.RELEASED_MULTIMODAL[model_type]
+        lines += ["", f"Where {model_type}'s widths come from ({entry['checkpoint']}): {entry['source']}."]
     lines += ["", "## Results", "",
               "| family | layers | baseline | baseline: wall, peak | this task: wall, peak | wall ratio | "
               "anonymous ratio | RSS ratio | smallest hard limit (tries) | VLMPipeline parity (f32) | validation |",
@@ -354,9 +361,13 @@ def main(argv: list[str] | None = None) -> int:
                         help="no step-timed export where a target is missed")
     parser.add_argument("--note", default="", help="the run's conditions, printed on the page")
     parser.add_argument("--report-only", type=Path, help="re-render docs/benchmarks-vlm.md from a results JSON")
+    parser.add_argument("--stopped", help="with --report-only on a stopped run's vlm-partial.json: what it did not "
+                                          "run and why, printed on the page; its results written to the docs too")
     args = parser.parse_args(argv)
     results = json.loads(args.report_only.read_text()) if args.report_only else run(args)
-    if not args.report_only:
+    if args.stopped:
+        results["stopped"] = args.stopped
+    if not args.report_only or args.stopped:
         (args.docs_dir / "benchmarks-vlm.json").write_text(json.dumps(results, indent=1) + "\n")
     (args.docs_dir / "benchmarks-vlm.md").write_text(render(results))
     return 0

@@ -411,7 +411,8 @@ RELEASED_MULTIMODAL: dict[str, dict[str, Any]] = {
     # 262,208-token vocabulary, head tied; a SigLIP tower of 27 layers of 1152 (16 heads, MLP 4304, patches of 14 on
     # 896 x 896 images, no head), pooled to 256 image tokens
     "gemma3": dict(
-        checkpoint="google/gemma-3-4b-it", layers=34, period=("sliding_attention",) * 5 + ("full_attention",),
+        checkpoint="google/gemma-3-4b-it", layers=34,
+        source="the checkpoint's public config.json as written here from memory of its model card", period=("sliding_attention",) * 5 + ("full_attention",),
         text=dict(hidden_size=2560, intermediate_size=10240, num_attention_heads=8, num_key_value_heads=4,
                   head_dim=256, vocab_size=262208, max_position_embeddings=131072, rms_norm_eps=1e-6,
                   query_pre_attn_scalar=256, sliding_window=1024, hidden_activation="gelu_pytorch_tanh",
@@ -433,7 +434,12 @@ RELEASED_MULTIMODAL: dict[str, dict[str, Any]] = {
     # temporal patch), the tower's output the text width. The processor: the published Qwen3.5 image processor's
     # pixel bounds (shortest edge 65,536 pixels, longest 16,777,216), patches of 16, 2 x 2 merge.
     "qwen3_5": dict(
-        checkpoint="Qwen/Qwen3.5-4B", layers=32, period=("linear_attention",) * 3 + ("full_attention",),
+        checkpoint="Qwen/Qwen3.5-4B", layers=32,
+        source=("nothing installed on this machine has them (transformers' Qwen3_5TextConfig defaults, 4096 x 32 "
+                "layers with MLP 12288, are what its docstring calls Qwen3.5-9B's); the text widths are those of a "
+                "public training recipe's Megatron arguments for Qwen/Qwen3.5-4B (found with the search tool's stored "
+                "copies of public repositories), which give 4.65 B parameters at full depth with the tower here; the "
+                "gated-delta-net widths and the vision tower are transformers' defaults, not the 4B's as published"), period=("linear_attention",) * 3 + ("full_attention",),
         text=dict(hidden_size=2560, intermediate_size=9216, num_attention_heads=16, num_key_value_heads=4,
                   head_dim=256, vocab_size=248320, max_position_embeddings=262144, rms_norm_eps=1e-6,
                   linear_conv_kernel_dim=4, linear_key_head_dim=128, linear_value_head_dim=128,

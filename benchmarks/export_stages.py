@@ -39,7 +39,7 @@ from memory import Limit, cgroup_available  # noqa: E402
 BEGIN, END = "<!-- export-stages -->", "<!-- /export-stages -->"
 
 
-def measure_in_process(model: str, out: str, weight_format: str) -> dict:
+def measure_in_process(model: str, out: str, weight_format: str, task: str = "text-generation-shared") -> dict:
     """One export in this process (the child's job): each step's start, length and peak memory."""
     start = time.perf_counter()
     samples: list[tuple[float, int, int, int]] = []
@@ -59,7 +59,7 @@ def measure_in_process(model: str, out: str, weight_format: str) -> dict:
 
     imported = time.perf_counter()
     with progress.recording_steps() as marks:
-        manifest = osg.export(model, out, weight_format=weight_format, quiet=True)
+        manifest = osg.export(model, out, task=task, weight_format=weight_format, quiet=True)
     end = time.perf_counter()
     time.sleep(0.1)
     done.set()
@@ -177,7 +177,7 @@ def write_docs(results: dict, docs: Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     if argv is None and sys.argv[1:2] == ["--child"]:
-        print(json.dumps(measure_in_process(*sys.argv[2:5])))
+        print(json.dumps(measure_in_process(*sys.argv[2:6])))  # model, out, format[, task]
         return 0
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="+", default=["qwen2-0.5b", "qwen3-4b"], choices=list(models.MODELS))

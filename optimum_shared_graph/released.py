@@ -396,3 +396,121 @@ def build_released_width_model(model_type: str, out_dir: str | Path, *, seed: in
     del model
     build_tokenizer(out_dir)
     return config
+
+
+# ------------------------------------------------------------------------------------ vision-language checkpoints
+# Vision-language model type -> its released checkpoint at about 4 B parameters, the widths of its text model
+# (`text`, config keyword arguments) and its vision tower (`vision`), the top-level keys of its config (`extra`), its
+# processor's image sizes (`processor`, keys of `testing.VLM_PROCESSORS`' entry) and the period of its layer kinds
+# (`period`: the kinds of one repeat of its `layer_types`, the global kind last). As `RELEASED`, written from the
+# checkpoints' public configurations, nothing downloaded; `build_released_multimodal` builds them random-init with
+# any number of text layers. The image token ids are the tiny tokenizer's (`testing.VLM_PROCESSORS`), inside every
+# vocabulary here.
+RELEASED_MULTIMODAL: dict[str, dict[str, Any]] = {
+    # google/gemma-3-4b-it: 34 layers of 2560 (8 heads, 4 KV heads of 256, MLP 10240), 5 sliding-window (1024)
+    # layers then 1 global, rotary 10000 on the sliding ones and 1e6 scaled linearly by 8 on the global ones, the
+    # 262,208-token vocabulary, head tied; a SigLIP tower of 27 layers of 1152 (16 heads, MLP 4304, patches of 14 on
+    # 896 x 896 images, no head), pooled to 256 image tokens
+    "gemma3": dict(
+        checkpoint="google/gemma-3-4b-it", layers=34,
+        source="the checkpoint's public config.json as written here from memory of its model card", period=("sliding_attention",) * 5 + ("full_attention",),
+        text=dict(hidden_size=2560, intermediate_size=10240, num_attention_heads=8, num_key_value_heads=4,
+                  head_dim=256, vocab_size=262208, max_position_embeddings=131072, rms_norm_eps=1e-6,
+                  query_pre_attn_scalar=256, sliding_window=1024, hidden_activation="gelu_pytorch_tanh",
+                  tie_word_embeddings=True,
+                  rope_parameters={"sliding_attention": _rope(10000.0),
+                                   "full_attention": _rope(1000000.0, rope_type="linear", factor=8.0)}),
+        vision=dict(model_type="siglip_vision_model", hidden_size=1152, intermediate_size=4304, num_hidden_layers=27,
+                    num_attention_heads=16, image_size=896, patch_size=14, vision_use_head=False, layer_norm_eps=1e-6),
+        extra=dict(mm_tokens_per_image=256, tie_word_embeddings=True),
+        processor=dict(image_processor=dict(size={"height": 896, "width": 896}, image_mean=[0.5, 0.5, 0.5],
+                                            image_std=[0.5, 0.5, 0.5], resample=2, do_pan_and_scan=None),
+                       image_seq_length=256)),
+    # Qwen/Qwen3.5-4B: 32 layers of 2560, 3 gated-delta-net layers then 1 full-attention layer (16 heads, 4 KV heads
+    # of 256, a quarter of each head rotated, base 1e7, interleaved M-RoPE sections 11 : 11 : 10), MLP 9216, the
+    # 248,320-token vocabulary, head tied: the widths of a public training recipe's Megatron arguments for the
+    # checkpoint (no copy of its config.json could be had here). Not established: the gated-delta-net widths and the
+    # vision tower, which are transformers' `Qwen3_5TextConfig` / `Qwen3_5VisionConfig` defaults (16 key and 32 value
+    # heads of 128, kernel 4; 27 blocks of 1152, 16 heads, MLP 4304, patches of 16, 2 x 2 merge, 2 frames per
+    # temporal patch), the tower's output the text width. The processor: the published Qwen3.5 image processor's
+    # pixel bounds (shortest edge 65,536 pixels, longest 16,777,216), patches of 16, 2 x 2 merge.
+    "qwen3_5": dict(
+        checkpoint="Qwen/Qwen3.5-4B", layers=32,
+        source=("nothing installed on this machine has them (transformers' Qwen3_5TextConfig defaults, 4096 x 32 "
+                "layers with MLP 12288, are what its docstring calls Qwen3.5-9B's); the text widths are those of a "
+                "public training recipe's Megatron arguments for Qwen/Qwen3.5-4B (found with the search tool's stored "
+                "copies of public repositories), which give 4.65 B parameters at full depth with the tower here; the "
+                "gated-delta-net widths and the vision tower are transformers' defaults, not the 4B's as published"), period=("linear_attention",) * 3 + ("full_attention",),
+        text=dict(hidden_size=2560, intermediate_size=9216, num_attention_heads=16, num_key_value_heads=4,
+                  head_dim=256, vocab_size=248320, max_position_embeddings=262144, rms_norm_eps=1e-6,
+                  linear_conv_kernel_dim=4, linear_key_head_dim=128, linear_value_head_dim=128,
+                  linear_num_key_heads=16, linear_num_value_heads=32, tie_word_embeddings=True,
+                  rope_parameters=_rope(10000000.0, partial_rotary_factor=0.25, mrope_section=[11, 11, 10],
+                                        mrope_interleaved=True)),
+        vision=dict(depth=27, hidden_size=1152, intermediate_size=4304, num_heads=16, patch_size=16,
+                    spatial_merge_size=2, temporal_patch_size=2, num_position_embeddings=2304,
+                    hidden_act="gelu_pytorch_tanh", out_hidden_size=2560),
+        extra=dict(tie_word_embeddings=True),
+        processor=dict(image_processor=dict(patch_size=16, merge_size=2, temporal_patch_size=2,
+                                            image_mean=[0.5, 0.5, 0.5], image_std=[0.5, 0.5, 0.5],
+                                            size={"shortest_edge": 65536, "longest_edge": 16777216}))),
+}
+
+
+def released_layer_types(period: tuple[str, ...], layers: int) -> list[str]:
+    """The released checkpoint's first `layers` layer kinds (its `period` repeated), the last one made the period's
+    global kind where none of them is, so that a model cut to a few layers still has one layer of each kind."""
+    kinds = [period[i % len(period)] for i in range(layers)]
+    if period[-1] not in kinds:
+        kinds[-1] = period[-1]
+    return kinds
+
+
+def released_multimodal_config(model_type: str, *, layers: int | None = None, vision_layers: int | None = None,
+                               **text_overrides: Any):
+    """The configuration of `RELEASED_MULTIMODAL[model_type]` with `layers` text layers (None: the release's) and
+    `vision_layers` vision blocks (None: the release's), the published `initializer_range` 0.02.
+
+    Raises:
+        KeyError: no released-width entry for `model_type`.
+    """
+    from transformers import AutoConfig
+
+    from .testing import VLM_PROCESSORS
+
+    if model_type not in RELEASED_MULTIMODAL:
+        raise KeyError(f"no released-width vision-language configuration for {model_type!r} "
+                       "(optimum_shared_graph/released.py)")
+    entry = RELEASED_MULTIMODAL[model_type]
+    layers = entry["layers"] if layers is None else layers
+    text = dict(entry["text"], num_hidden_layers=layers, layer_types=released_layer_types(entry["period"], layers),
+                initializer_range=0.02, **_TOKENS)
+    text.update(text_overrides)
+    vision = dict(entry["vision"], initializer_range=0.02)
+    if vision_layers is not None:
+        vision["depth" if "depth" in vision else "num_hidden_layers"] = vision_layers
+    config = AutoConfig.for_model(model_type, text_config=text, vision_config=vision, initializer_range=0.02,
+                                  **entry["extra"])
+    for key, token_id in VLM_PROCESSORS[model_type]["ids"].items():  # the tokenizer's image token ids
+        setattr(config, key, token_id)
+    return config
+
+
+def build_released_multimodal(model_type: str, out_dir: str | Path, *, layers: int | None = None,
+                              vision_layers: int | None = None, seed: int = 0, **text_overrides: Any):
+    """Build and save a random-init vision-language checkpoint of `RELEASED_MULTIMODAL[model_type]`'s widths with
+    `layers` text layers (fp16 weights, as the checkpoints ship), laid out as published, with its processor (image
+    processor at the release's image sizes, the tiny tokenizer with the image tokens, the chat template). Returns
+    the config (the model is freed)."""
+    import torch
+    from transformers import AutoModelForImageTextToText
+
+    from .testing import build_vlm_processor, save_multimodal
+
+    config = released_multimodal_config(model_type, layers=layers, vision_layers=vision_layers, **text_overrides)
+    torch.manual_seed(seed)
+    model = AutoModelForImageTextToText.from_config(config, dtype=torch.float16).eval()
+    save_multimodal(model, out_dir)
+    del model
+    build_vlm_processor(model_type, out_dir, **RELEASED_MULTIMODAL[model_type]["processor"])
+    return config

@@ -545,7 +545,7 @@ def build_tiny_multimodal(model_type: str, out_dir: str | Path, *, seed: int = 0
     text model's rotary is one where the image tokens' positions matter (`_QWEN_VL_ROTARY`).
     """
     import torch
-    from transformers import AutoModelForImageTextToText, GenerationConfig
+    from transformers import AutoModelForImageTextToText
 
     if processor:
         text_overrides = {**VLM_PROCESSORS[model_type].get("text", {}), **text_overrides}
@@ -556,6 +556,23 @@ def build_tiny_multimodal(model_type: str, out_dir: str | Path, *, seed: int = 0
             setattr(config, key, token_id)
     torch.manual_seed(seed)
     model = AutoModelForImageTextToText.from_config(config, dtype=torch.float32).eval()
+    save_multimodal(model, out_dir)
+    if processor:
+        build_vlm_processor(model_type, out_dir)
+    elif tokenizer:
+        build_tokenizer(out_dir)
+    return model
+
+
+def save_multimodal(model, out_dir: str | Path) -> None:
+    """Save a random-init multimodal `model` as its published checkpoint is laid out: the weights transformers
+    initialises to zero drawn (`_ZERO_INIT_MULTIMODAL`), the published weight names (`_PUBLISHED_NAMES`) and
+    config layout (`_FLAT_CONFIG`), the tiny tokenizer's token ids in its generation config."""
+    import torch
+    from transformers import GenerationConfig
+
+    config = model.config
+    model_type = config.model_type
     with torch.no_grad():
         for name in _ZERO_INIT_MULTIMODAL.get(model_type, ()):
             model.get_parameter(name).normal_(mean=0.0, std=config.get_text_config().initializer_range)
@@ -573,13 +590,14 @@ def build_tiny_multimodal(model_type: str, out_dir: str | Path, *, seed: int = 0
                     name = name.replace(old, new, 1) if name.startswith(old) else name
                 renamed[name] = tensor
             save_file(renamed, str(weights), metadata={"format": "pt"})
+        index = Path(out_dir) / "model.safetensors.index.json"
+        if index.is_file():  # a sharded checkpoint (over save_pretrained's max_shard_size): its map renamed too
+            data = json.loads(index.read_text())
+            data["weight_map"] = {next((name.replace(old, new, 1) for old, new in renames if name.startswith(old)),
+                                       name): shard for name, shard in data["weight_map"].items()}
+            index.write_text(json.dumps(data, indent=2) + "\n")
     if model_type in _FLAT_CONFIG:
         _flatten_config(Path(out_dir) / "config.json")
-    if processor:
-        build_vlm_processor(model_type, out_dir)
-    elif tokenizer:
-        build_tokenizer(out_dir)
-    return model
 
 
 # ------------------------------------------------------------------------------------------- the real model
@@ -1168,14 +1186,15 @@ VLM_PROCESSORS["gemma4"] = dict(
 )
 
 
-def build_vlm_processor(model_type: str, out_dir: str | Path) -> Any:
+def build_vlm_processor(model_type: str, out_dir: str | Path, **spec_overrides: Any) -> Any:
     """Save the processor of a tiny `model_type` checkpoint (`VLM_PROCESSORS`) as its release lays it out: the
     image (and video) processor, a locally trained tokenizer with the image tokens, the chat template. Returns the
-    processor."""
+    processor. `spec_overrides` replace keys of its `VLM_PROCESSORS` entry (`image_processor`, `image_seq_length`:
+    a released checkpoint's image sizes, `released.build_released_multimodal`)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
-    spec = VLM_PROCESSORS[model_type]
+    spec = {**VLM_PROCESSORS[model_type], **spec_overrides}
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()

@@ -120,3 +120,73 @@ def test_moe_page_is_its_results_rendered(tmp_path):
     page = (tmp_path / "benchmarks-moe.md").read_text()
     assert page.count("| qwen3_moe, int4, group size 128 (") == len(fp16) and page.count("| qwen3_moe (") == len(fp16)
     assert "qwen3_moe (int4, group size 128): " in page and "qwen3_moe: " in page
+
+
+def _export_row(task, wall, anon, rss, *, completed=True, limit=None, status="passed"):
+    row = {"task": task, "limit_gib": limit, "completed": completed, "wall_s": wall, "peak_rss_mb": rss,
+           "peak_anon_mb": anon, "peak_pss_mb": rss, "oom_kills": 0}
+    if completed and task == "image-text-to-text-shared":
+        row["validation"] = {"status": status, "run": {"mode": "whole"}, "greedy_tokens": 4, "greedy_match": True}
+    if not completed:
+        row["error"] = "killed (out of memory)" if limit else "ValueError: Maximum required is 5.2.*, got: 5.5.4"
+    return row
+
+
+def test_vlm_page_renders_targets_limits_parity_and_slope(tmp_path):
+    """`benchmarks/vlm.py --report-only` on a small results file: the shapes, each ratio against its bound (a missed
+    one in bold, with the step table of that export), the smallest completed limit of the tries, the VLMPipeline
+    parity, the Qwen3.5 comparison said for what it is, the slope per layer; nothing exported."""
+    shape = {"released_layers": 34, "released": "google/gemma-3-4b-it",
+             "text": {"hidden_size": 2560, "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256,
+                      "intermediate_size": 10240, "vocab_size": 262208},
+             "vision": {"layers": 27, "hidden_size": 1152, "intermediate_size": 4304, "heads": 16, "patch_size": 14,
+                        "image_size": 896}}
+    parity = {"status": "passed", "rule": "fp32", "greedy_match": True, "greedy_tokens": 4, "compared_tokens": [4]}
+    shared = "image-text-to-text-shared"
+    rows = [
+        {**shape, "model_type": "gemma3", "layers": 2, "checkpoint_bytes": 2_559_739_680,
+         "text": {**shape["text"], "layer_types": ["sliding_attention", "full_attention"]},
+         "baseline": _export_row("image-text-to-text", 100.0, 3000, 6000),
+         "shared": _export_row(shared, 120.0, 3300, 6100), "parity": parity,
+         "limits": [_export_row(shared, 125.0, 2000, 2500, limit=2.0),
+                    _export_row(shared, 20.0, 1400, 1500, limit=1.5, completed=False)]},
+        {**shape, "model_type": "gemma3", "layers": 4, "checkpoint_bytes": 2_937_000_000,
+         "text": {**shape["text"], "layer_types": ["sliding_attention"] * 3 + ["full_attention"]},
+         "baseline": _export_row("image-text-to-text", 110.0, 3400, 6500),
+         "shared": _export_row(shared, 160.0, 3500, 6600), "parity": parity,
+         "limits": [_export_row(shared, 30.0, 1800, 1900, limit=2.0, completed=False),
+                    _export_row(shared, 170.0, 2300, 2600, limit=2.5)],
+         "stages": {"completed": True, "wall_s": 150.0, "peak_anon_mb": 3400, "peak_rss_mb": 6500,
+                    "steps": [{"step": "capture", "start_s": 10.0, "seconds": 60.0, "peak_anon_mb": 3400,
+                               "peak_rss_mb": 6500}]}},
+        {**shape, "model_type": "qwen3_5", "layers": 2, "released": "Qwen/Qwen3.5-4B", "released_layers": 32,
+         "checkpoint_bytes": 2_610_000_000,
+         "text": {**shape["text"], "layer_types": ["linear_attention", "full_attention"]},
+         "optimum_intel": _export_row("image-text-to-text", 9.0, 500, 600, completed=False),
+         "baseline": _export_row("text-generation-shared", 60.0, 1200, 4000),
+         "shared": _export_row(shared, 90.0, 2800, 5000),
+         "parity": {"status": "failed", "error": "genai-vlm on CPU does not reproduce PyTorch"}, "limits": []},
+    ]
+    results = {"rows": rows, "date": "2026-12-04", "note": "a test", "versions": {"openvino": "2026.4.1"},
+               "machine": {"nproc": 2, "Model name": "AMD EPYC", "isa": ["avx2"], "ram_gb": 23.5, "load_avg": [1.0] * 3}}
+    data = tmp_path / "vlm.json"
+    data.write_text(json.dumps(results))
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "vlm.py"), "--report-only", str(data),
+                           "--docs-dir", str(tmp_path)], capture_output=True, text=True, env=_env(), timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    page = (tmp_path / "benchmarks-vlm.md").read_text()
+    assert 'CPU "AMD EPYC"' in page and "Conditions: a test" in page
+    assert "| gemma3 | google/gemma-3-4b-it | 2560, 8 / 4 x 256, 10240, 262,208 | 2 (34): sliding_attention, " \
+           "full_attention | 27 x 1152 (16 heads, MLP 4304) | 896 px, patches of 14 | 2.56 GB |" in page
+    assert ("| gemma3 | 2 | optimum-intel `image-text-to-text` | 100 s, 3,000 MB anonymous, 6,000 MB RSS | "
+            "120 s, 3,300 MB anonymous, 6,100 MB RSS | 1.20x | 1.10x | 1.02x | **2 GiB** (1.5 GiB failed (killed (out "
+            "of memory)), 2 GiB validated) | passed, 4 of 4 greedy tokens compared, identical | passed, 4 tokens |") in page
+    assert "| gemma3 | 4 | wall | 1.45x | <= 1.3x | **missed** |" in page
+    assert "| gemma3 | 4 | peak anonymous memory | 1.03x | <= 1.2x | met |" in page
+    assert "| 1.45x (**missed**) |" in page and "| **2.5 GiB** (2 GiB failed" in page
+    assert "### Where gemma3 at 4 layers spends its time and memory" in page and "| capture | 10 s | 60.0 |" in page
+    assert "| qwen3_5 | 2 | `text-generation-shared` (language model only) |" in page
+    assert "**failed**: genai-vlm on CPU does not reproduce PyTorch" in page
+    assert "qwen3_5 at 2 layers: failed: ValueError: Maximum required is 5.2.*, got: 5.5.4" in page
+    assert ("gemma3: this task +100 MB of peak anonymous memory and +20.0 s per text layer between 2 and 4 layers; "
+            "the baseline +200 MB and +5.0 s per layer") in page

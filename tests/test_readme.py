@@ -54,6 +54,12 @@ def _moe(text: str) -> str:
     return re.search(r"^\| qwen3_moe \([^)]*\) \| 2 \| \d+ \| [^|]+ \| [^|]+ \| [^|(]+\(([0-9.]+x)\) \|", text, re.M)[1]
 
 
+def _vlm(text: str) -> str:
+    m = re.search(r"^\| gemma3 \| 2 \| optimum-intel [^|]+ \| [^|]+ \| [^|]+ \| ([0-9.]+x)[^|]* \| ([0-9.]+x)[^|]* \|",
+                  text, re.M)
+    return f"{m[1]}, {m[2]}"
+
+
 # a row's `what` starts with one of these: how its figure is read from its page
 READERS = {
     "model types of optimum-intel's": _architectures,
@@ -64,6 +70,7 @@ READERS = {
     "smallest memory limit under which a validated fp16 export": _memory,
     "wall time of a validated fp16 export": _export_wall,
     "peak anonymous memory of a validated fp16 export of a mixture of experts": _moe,
+    "wall time and peak anonymous memory of a validated fp16 vision-language export": _vlm,
 }
 
 

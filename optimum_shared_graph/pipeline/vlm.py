@@ -278,11 +278,13 @@ def run_vlm_export(model: str, output_dir, opts: ExportOptions, *, raw_export: C
     with progress.export_progress(stages, quiet=opts.quiet):
         # 1. plan: every check that needs no weights, every fact the later stages read (the text task's `Plan`)
         progress.stage("loading")
+        progress.step("plan")
         plan = make_plan(model, output_dir, opts, task=VLM_SHARED_TASK, quantization=quantization,
                          quantization_config=quantization_config)
         calibration = CalibrationReport() if plan.calibrating else None
         with convert.staging(plan.output) as staging:
             raw = staging / "raw"
+            progress.step("load (optimum-intel)")
             # 2. capture and 3. convert, in the hand-over to optimum-intel's image-text-to-text export
             export, fix = hand_over_to_optimum_intel(plan, raw_export, raw, calibration)
             convert.return_freed_memory()
@@ -291,11 +293,13 @@ def run_vlm_export(model: str, output_dir, opts: ExportOptions, *, raw_export: C
             validation = _validate(plan, export, raw)
             # 6. write: the manifest, validate()'s reference, the graphs with their rt_info, moved into place
             progress.stage("writing")
+            progress.step("write")
             manifest = write.prepare_parts(raw, plan, quantization, calibration, validation,
                                            model_extra={"fixes": [fix.record()]} if fix is not None else {})
             stored = vlm_reference.to_store(export.stored, export.stored_missing, validation, raw)
             write.write_artifact(raw, staging / "final", dict.fromkeys(manifest.graph["files"]), manifest,
                                  reference=stored)
+            progress.step("move into place")
             write.move_into_place(staging / "final", plan.output)
         manifest.path = plan.output / MANIFEST_NAME
         return manifest
@@ -350,6 +354,7 @@ def _validate(plan: Plan, export: "_VlmExport", raw: Path) -> dict:
     if export.reference is None:
         return {"status": "skipped", "reason": "--skip-validation"}
     progress.stage("validating")
+    progress.step("validation")
     return validate_parts(raw, export.reference, plan.weight_format)
 
 
@@ -367,6 +372,7 @@ class _VlmExport:
         pt_model.eval()
         if not opts.skip_validation:
             progress.stage("recording generate()")
+            progress.step("capture")
             tokens = opts.validation_new_tokens  # planned (`plan.VLM_NEW_TOKENS` where the options leave it open)
             from .decompose import is_16bit
 
@@ -388,6 +394,7 @@ class _VlmExport:
             else:
                 self.reference = capture()
         progress.stage("converting (optimum-intel)")
+        progress.step("conversion (optimum-intel)")
         return convert_model()
 
     def before_save(self, ov_model) -> None:

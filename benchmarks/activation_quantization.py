@@ -36,7 +36,6 @@ sys.path.insert(0, str(HERE))
 import calibration_design  # noqa: E402
 import context  # noqa: E402
 import quality  # noqa: E402
-import train_small  # noqa: E402
 
 EXACT = calibration_design.EXACT
 
@@ -295,13 +294,7 @@ def position_kl(ref: np.ndarray, logits: np.ndarray) -> list[float]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="real", help="'real' (SmolLM2-135M-Instruct) or a local HF directory")
-    parser.add_argument("--texts", type=Path, default=quality.REAL_CALIBRATION)
-    parser.add_argument("--eval", type=Path, default=quality.REAL_EVAL)
-    parser.add_argument("--num-samples", type=int, default=32)
-    parser.add_argument("--windows", type=int, default=29)
-    parser.add_argument("--prompt", type=int, default=48)
-    parser.add_argument("--decode", type=int, default=16)
+    calibration_design.evaluation_arguments(parser)
     parser.add_argument("--variants", nargs="+", default=["former-default", "shipped"])
     parser.add_argument("--outliers", action="store_true", help="measure the weighted MatMuls' inputs on the fp32 graph")
     parser.add_argument("--weights-int8", action="store_true", help="also evaluate data-free int8 weights (no "
@@ -331,11 +324,7 @@ def main() -> None:
     config = json.loads((model / "config.json").read_text())
     layers = config.get("num_hidden_layers") or config.get("text_config", {}).get("num_hidden_layers")
     tokenizer = AutoTokenizer.from_pretrained(model)
-    tokens = np.asarray(tokenizer(args.eval.read_text(encoding="utf-8"))["input_ids"], dtype=np.int64)
-    length = args.prompt + args.decode + 1
-    count = min(args.windows, len(tokens) // length)
-    wins = train_small.heldout_windows(tokens, count, length)
-    texts = [line for line in args.texts.read_text(encoding="utf-8").splitlines() if line.strip()][:args.num_samples]
+    wins, count, texts = calibration_design.evaluation_data(tokenizer, args)
     out_json = work / "activation_quantization.json"
     results = json.loads(out_json.read_text()) if out_json.is_file() else {"rows": {}}
     results.update({"model": name, "model_type": config.get("model_type"), "machine": {"cpu": context.cpu_name()},

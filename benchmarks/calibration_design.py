@@ -294,8 +294,9 @@ def write_docs(docs: Path, jsons: list[Path]) -> None:
     docs.write_text(page)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def evaluation_arguments(parser: argparse.ArgumentParser) -> None:
+    """The model, the calibration and evaluation texts and their sizes: the options this script and
+    benchmarks/activation_quantization.py share."""
     parser.add_argument("--model", default="real", help="'real' (SmolLM2-135M-Instruct) or a local HF directory")
     parser.add_argument("--texts", type=Path, default=quality.REAL_CALIBRATION)
     parser.add_argument("--eval", type=Path, default=quality.REAL_EVAL)
@@ -303,6 +304,22 @@ def main() -> None:
     parser.add_argument("--windows", type=int, default=29)
     parser.add_argument("--prompt", type=int, default=48)
     parser.add_argument("--decode", type=int, default=16)
+
+
+def evaluation_data(tokenizer, args) -> tuple:
+    """The held-out evaluation windows of `args.eval` (`args.windows` of them at most, each a prompt and its decode
+    steps), their count, and the first `args.num_samples` calibration texts of `args.texts`."""
+    tokens = np.asarray(tokenizer(args.eval.read_text(encoding="utf-8"))["input_ids"], dtype=np.int64)
+    length = args.prompt + args.decode + 1
+    count = min(args.windows, len(tokens) // length)
+    wins = train_small.heldout_windows(tokens, count, length)
+    texts = [line for line in args.texts.read_text(encoding="utf-8").splitlines() if line.strip()][:args.num_samples]
+    return wins, count, texts
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    evaluation_arguments(parser)
     parser.add_argument("--modes", nargs="+", default=["int4-awq-se", "int8"])
     parser.add_argument("--designs", nargs="+", default=list(DESIGNS))
     parser.add_argument("--stats", action="store_true", help="also measure what the samples change in the statistics")
@@ -331,11 +348,7 @@ def main() -> None:
     work.mkdir(parents=True, exist_ok=True)
     base = base_graph(model, work, args.base_task)
     tokenizer = AutoTokenizer.from_pretrained(model)
-    tokens = np.asarray(tokenizer(args.eval.read_text(encoding="utf-8"))["input_ids"], dtype=np.int64)
-    length = args.prompt + args.decode + 1
-    count = min(args.windows, len(tokens) // length)
-    wins = train_small.heldout_windows(tokens, count, length)
-    texts = [line for line in args.texts.read_text(encoding="utf-8").splitlines() if line.strip()][:args.num_samples]
+    wins, count, texts = evaluation_data(tokenizer, args)
     config = json.loads((model / "config.json").read_text())
     results = {"model": args.name or name, "model_type": config.get("model_type"), "date": time.strftime("%Y-%m-%d"),
                "machine": {"cpu": context.cpu_name()}, "windows": count, "prompt": args.prompt, "decode": args.decode,

@@ -75,21 +75,21 @@ def _released(model_type: str) -> str:
     return released.RELEASED[model_type][0]
 
 
-WEIGHTS = ["--weight-format", "fp16"]  # what every export is given (`--weight-format` / `--group-size`: main())
+WEIGHTS = {"--weight-format": "fp16"}  # the flags every export is given (`--weight-format` / `--group-size`: main())
 
 
-def _label(weights: list[str]) -> str:
+def _label(weights: dict[str, str]) -> str:
     """`fp16`, `int4, group size 128`: a row's weights as the page names them."""
-    flags = dict(zip(weights[::2], weights[1::2]))
-    size = flags.get("--group-size")
-    return flags["--weight-format"] + (f", group size {size}" if size else "")
+    size = weights.get("--group-size")
+    return weights["--weight-format"] + (f", group size {size}" if size else "")
 
 
 def export(model: Path, out: Path, task: str, limit_gib: float | None, log: Path) -> dict:
     """One `optimum-cli export openvino` (`WEIGHTS`) under `limit_gib`: completed, wall, peak RSS / anonymous / PSS
     of the process tree. The artifact is kept (decode reads it)."""
     shutil.rmtree(out, ignore_errors=True)
-    args = ["optimum-cli", "export", "openvino", "-m", str(model), "--task", task, *WEIGHTS, str(out)]
+    args = ["optimum-cli", "export", "openvino", "-m", str(model), "--task", task,
+            *(part for flag in WEIGHTS.items() for part in flag), str(out)]
     limit = Limit(limit_gib, f"osg-moe-{os.getpid()}")
     peaks = {"rss": 0.0, "anon": 0.0, "pss": 0.0}
     start = time.perf_counter()
@@ -223,7 +223,7 @@ def render(results: dict) -> str:
              "the process tree's peak, sampled every 0.1 s: anonymous memory (`Pss_Anon`) is what cannot be reclaimed (RSS "
              "counts the memory-mapped checkpoint's pages, PSS counts a page shared by processes once). Decode: "
              f"GenAI `LLMPipeline` on the CPU, {PROMPT_TOKENS}-token prompt, {NEW_TOKENS} greedy tokens "
-             "(`ignore_eos`), median of " + ("its run's" if any("run" in r for r in results["rows"]) else f"{ROUNDS}")
+             "(`ignore_eos`), median of " + ("its run's" if dated else f"{ROUNDS}")
              + " alternating fresh processes per artifact, default properties.", ""]
     runs: dict[str, list[str]] = {}
     for r in results["rows"]:
@@ -311,8 +311,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="keep the rows of docs/benchmarks-moe.json's run (of other types), each row dated")
     args = parser.parse_args(argv)
     globals()["ROUNDS"] = args.rounds  # decode() and render() read it
-    globals()["WEIGHTS"] = ["--weight-format", args.weight_format] + (
-        ["--group-size", str(args.group_size)] if args.group_size else [])  # export() reads it
+    globals()["WEIGHTS"] = {"--weight-format": args.weight_format,  # export() reads it
+                            **({"--group-size": str(args.group_size)} if args.group_size else {})}
     results = json.loads(args.report_only.read_text()) if args.report_only else run(args)
     if args.append and not args.report_only:  # the page's earlier run's rows kept, each with its own run's facts
         earlier = json.loads((args.docs_dir / "benchmarks-moe.json").read_text())

@@ -432,7 +432,7 @@ def draw_zero_initialised(model, model_type: str) -> None:
                 tensor = layer
                 for name in path.split("."):
                     tensor = getattr(tensor, name, None)
-                if tensor is not None:  # dense layers have no router
+                if tensor is not None:  # a layer without it (afmoe's dense layers have no router)
                     tensor.normal_(mean=0.0, std=std)
 
 

@@ -119,13 +119,23 @@ def fix_applied(model_type: str, scratch=None) -> Iterator[Fix | None]:
     if module is None:
         yield None
         return
-    with export_configs_replaced(model_type, _TASKS, module.export_config) as originals:  # host/: the swap
+    with _swapped_in(module, model_type, _TASKS, module.export_config, scratch) as swapped:
+        yield (Fix(f"{__name__}.{module.__name__.rsplit('.', 1)[-1]}", model_type, module.SUMMARY, module.TRANSFORMERS)
+               if swapped else None)
+
+
+@contextlib.contextmanager
+def _swapped_in(module, model_type: str, tasks, export_config, scratch) -> Iterator[bool]:
+    """While active, `export_config` stands in for optimum-intel's config of `model_type` for `tasks` (host/'s
+    `export_configs_replaced`), and the fix `module`'s `while_exporting(model_type, scratch)`, where it has one, is
+    active; yields whether optimum-intel had an entry to replace (nothing else is active when it had none)."""
+    with export_configs_replaced(model_type, tasks, export_config) as originals:
         if not originals:
-            yield None
+            yield False
             return
         during = getattr(module, "while_exporting", None)
         with during(model_type, scratch) if during is not None else contextlib.nullcontext():
-            yield Fix(f"{__name__}.{module.__name__.rsplit('.', 1)[-1]}", model_type, module.SUMMARY, module.TRANSFORMERS)
+            yield True
 
 
 def vlm_fix_module(model_type: str, transformers_version: str | None = None):
@@ -156,13 +166,8 @@ def vlm_fix_applied(model_type: str, scratch=None) -> Iterator[Fix | None]:
     if module is None:
         yield None
         return
-    with export_configs_replaced(model_type, (VLM_TASK,), module.vlm_export_config) as originals:
-        if not originals:
-            yield None
-            return
-        during = getattr(module, "while_exporting", None)
-        with during(model_type, scratch) if during is not None else contextlib.nullcontext():
-            yield Fix(module.__name__, model_type, module.VLM_SUMMARY, module.TRANSFORMERS)
+    with _swapped_in(module, model_type, (VLM_TASK,), module.vlm_export_config, scratch) as swapped:
+        yield Fix(module.__name__, model_type, module.VLM_SUMMARY, module.TRANSFORMERS) if swapped else None
 
 
 def supported_vlm_types() -> list[str]:

@@ -229,7 +229,7 @@ def _operation(kind, node, args, ops):
     attrs = node.get_attributes()
     if kind == "MatMul":
         return ops.matmul(args[0], args[1], attrs["transpose_a"], attrs["transpose_b"])
-    if kind in ("Multiply", "Add", "Subtract"):
+    if kind in ("Multiply", "Add", "Subtract", "Minimum"):
         return getattr(ops, kind.lower())(*args)
     if kind == "Swish":
         return ops.swish(*args)
@@ -241,8 +241,6 @@ def _operation(kind, node, args, ops):
         return ops.gelu(args[0], attrs["approximation_mode"])
     if kind == "Clamp":
         return ops.clamp(args[0], attrs["min"], attrs["max"])
-    if kind == "Minimum":
-        return ops.minimum(*args)
     if kind == "Slice":  # along another axis than the experts' (`_slices_within`): its bounds as they were
         return ops.slice(*args)
     if kind == "Convert":

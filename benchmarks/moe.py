@@ -90,7 +90,10 @@ def export(model: Path, out: Path, task: str, limit_gib: float | None, log: Path
     shutil.rmtree(out, ignore_errors=True)
     args = ["optimum-cli", "export", "openvino", "-m", str(model), "--task", task,
             *(part for flag in WEIGHTS.items() for part in flag), str(out)]
-    limit = Limit(limit_gib, f"osg-moe-{os.getpid()}")
+    # without a limit of its own an export still runs in a group capped below the machine's memory, so that one
+    # needing more than the machine has (optimum-intel's at Mixtral's widths) is killed there, not a bystander
+    group_gib = limit_gib if limit_gib is not None else (_machine_cap_gib() if cgroup_available() is None else None)
+    limit = Limit(group_gib, f"osg-moe-{os.getpid()}")
     peaks = {"rss": 0.0, "anon": 0.0, "pss": 0.0}
     start = time.perf_counter()
     with open(log, "w") as err:
@@ -113,9 +116,17 @@ def export(model: Path, out: Path, task: str, limit_gib: float | None, log: Path
         row["validation"] = {k: v.get(k) for k in ("status", "run", "greedy_tokens", "greedy_match")}
     if not row["completed"]:
         lines = [line for line in log.read_text().splitlines() if line.strip()]
-        row["error"] = "killed (out of memory)" if proc.returncode == -9 else (lines[-1][:200] if lines else "?")
+        row["error"] = ((f"killed (out of memory at {group_gib:g} GiB)" if group_gib else "killed (out of memory)")
+                        if proc.returncode == -9 else (lines[-1][:200] if lines else "?"))
     print(json.dumps(row), flush=True)
     return row
+
+
+def _machine_cap_gib() -> float:
+    """The machine's memory less 3 GiB for the sampler, the system and the page cache, in half GiB."""
+    total_kb = int(next(line for line in Path("/proc/meminfo").read_text().splitlines()
+                        if line.startswith("MemTotal:")).split()[1])
+    return math.floor((total_kb / 2**20 - 3) * 2) / 2
 
 
 def _total(figures) -> float:

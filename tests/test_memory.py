@@ -149,3 +149,19 @@ def test_a_graph_over_the_part_cap_runs_in_parts_even_with_room(tiny_model, tmp_
     monkeypatch.setattr(memory, "MAX_PART_BYTES", 200_000)  # the cap scaled to the tiny graph (~0.5 MB)
     plan = memory.validation_parts(graph, plenty)
     assert plan.count >= 2 and max(plan.part_bytes) <= plan.total_bytes
+
+
+def test_a_mixture_of_experts_smallest_part_is_one_layers_attention():
+    """Its graph is cut inside layers and `lm_head`'s rows: the vocabulary does not bound the smallest part
+    (Moonlight's 163,840 x 2,048 `lm_head` alone would ask for 0.9 GiB compiled)."""
+    from transformers import AutoConfig
+
+    config = AutoConfig.for_model("deepseek_v3", hidden_size=2048, intermediate_size=11264, n_routed_experts=64,
+                                  vocab_size=163840, num_hidden_layers=2)
+    assert memory.smallest_part_bytes(config, "fp16") == int(memory.COMPILED_PER_BYTE * 4 * 2048 * 2048 * 2)
+    lm_head = int(memory.COMPILED_PER_BYTE * 163840 * 2048 * 2)
+    dense = AutoConfig.for_model("qwen3", hidden_size=2048, intermediate_size=11264, vocab_size=163840)
+    assert memory.smallest_part_bytes(dense, "fp16") == lm_head
+    # AFMoE's experts are not in a form graph/experts.py cuts: its lm_head is still one piece
+    afmoe = AutoConfig.for_model("afmoe", hidden_size=2048, num_experts=64, vocab_size=163840)
+    assert memory.smallest_part_bytes(afmoe, "fp16") == lm_head

@@ -175,3 +175,12 @@ def supported_vlm_types() -> list[str]:
     from ._vlm_families import FAMILIES
 
     return sorted(FAMILIES)
+
+
+def experts_graph(model_type: str | None) -> bool:
+    """Whether `model_type`'s graph holds mixture-of-experts blocks in the form `graph/experts.py` finds (its
+    experts stacked per projection, summed over the experts axis), so validation cuts it inside its layers and
+    inside every MatMul's rows: the stored-experts families (`moe_experts.FAMILIES`) and GraniteMoE's."""
+    from . import granitemoe, moe_experts
+
+    return model_type in moe_experts.FAMILIES or model_type in granitemoe.MODEL_TYPES

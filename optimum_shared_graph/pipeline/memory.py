@@ -179,14 +179,22 @@ def _size(config, name: str) -> int | None:
 
 def smallest_part_bytes(config, weight_format: str | None) -> int | None:
     """The smallest part validation can run, compiled: `lm_head` or one decoder layer's weights at the export's
-    format, whichever is larger, times `COMPILED_PER_BYTE`. None when the config does not say."""
+    format, whichever is larger, times `COMPILED_PER_BYTE`. A mixture-of-experts graph that validation cuts inside
+    its layers and inside every MatMul's rows, `lm_head` included (`validation_parts`,
+    `architectures.experts_graph`), has one layer's attention projections as its smallest part. None when the
+    config does not say."""
+    from ..architectures import experts_graph
+
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
     hidden, vocab = _size(text, "hidden_size"), _size(text, "vocab_size")
     if not (hidden and vocab):
         return None
-    inter = _size(text, "intermediate_size") or 4 * hidden
     per_weight = _BYTES.get(weight_format or "fp16", 2)
-    layer = int((4 * hidden * hidden + 3 * hidden * inter) * per_weight)
+    attention = 4 * hidden * hidden
+    if experts_graph(getattr(text, "model_type", None)):
+        return int(COMPILED_PER_BYTE * attention * per_weight)
+    inter = _size(text, "intermediate_size") or 4 * hidden
+    layer = int((attention + 3 * hidden * inter) * per_weight)
     return int(COMPILED_PER_BYTE * max(vocab * hidden * per_weight, layer))
 
 

@@ -306,6 +306,7 @@ def render(results: dict) -> str:
     if slopes:
         lines += ["", "Slope with depth: " + "; ".join(slopes) + "."]
     missing = [f"{t} ({why})" for t, why in NOT_MEASURED.items() if t not in by_type]
+    missing += [f"{t} (not reached: {why})" for t, why in results.get("not_reached", {}).items()]
     if missing:
         lines += ["", "Mixture-of-experts types without a row: " + "; ".join(missing) + "."]
     v = results["versions"]

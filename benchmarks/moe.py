@@ -162,6 +162,7 @@ def decode(artifacts: dict[str, Path]) -> dict:
     runs: dict[str, list] = {name: [] for name in artifacts}
     for r in range(ROUNDS):
         for name in (list(artifacts) if r % 2 == 0 else list(artifacts)[::-1]):
+            os.sync()  # the artifact just written is on disk, not being written back while it decodes
             proc = subprocess.run([sys.executable, __file__, "--decode-child", str(artifacts[name])],
                                   capture_output=True, text=True, env=children.child_env())
             if proc.returncode == 0:

@@ -186,24 +186,30 @@ def _interrupts_fail_in_one_line(output):
     """An export stopped by SIGINT (Ctrl-C) or SIGTERM (`kill`) unwinds as an exception, so the staging directory
     beside `output` is removed and `output` is left as it was, then ends with one line and exit status 128 + the
     signal's number (130, 143), no traceback. SIGKILL cannot be caught: its staging directory is removed by the
-    next export into the same place (`convert.remove_dead_staging`)."""
-    def terminated(signum, frame):
-        raise _Terminated()
+    next export into the same place (`convert.remove_dead_staging`).
+
+    The signal is remembered as well as raised: one that arrives inside `torch.jit.trace` reaches us re-raised by
+    optimum-intel as another error ("Couldn't get TorchScript module by tracing"), still an interruption."""
+    received: list[signal.Signals] = []
+
+    def interrupted(signum, frame):
+        received.append(signal.Signals(signum))
+        raise _Terminated() if signum == signal.SIGTERM else KeyboardInterrupt()
 
     main = threading.current_thread() is threading.main_thread()
-    before = signal.signal(signal.SIGTERM, terminated) if main else None
+    before = {s: signal.signal(s, interrupted) for s in (signal.SIGINT, signal.SIGTERM)} if main else {}
     try:
         yield
-    except KeyboardInterrupt as err:
-        if os.environ.get("OPTIMUM_SHARED_GRAPH_DEBUG"):
+    except BaseException as err:
+        if not (received or isinstance(err, KeyboardInterrupt)) or os.environ.get("OPTIMUM_SHARED_GRAPH_DEBUG"):
             raise
-        signum = signal.SIGTERM if isinstance(err, _Terminated) else signal.SIGINT
+        signum = received[0] if received else signal.SIGTERM if isinstance(err, _Terminated) else signal.SIGINT
         print(f"error: interrupted by {signum.name}: the export stopped and wrote nothing ({output} is as it was); "
               "run the command again to export", file=sys.stderr)
         raise SystemExit(128 + signum) from None
     finally:
-        if main:
-            signal.signal(signal.SIGTERM, signal.SIG_DFL if before is None else before)
+        for s, handler in before.items():
+            signal.signal(s, signal.SIG_DFL if handler is None else handler)
 
 
 _lock = threading.Lock()

@@ -98,3 +98,23 @@ def test_export_terminated_during_conversion_writes_nothing(tiny_model, tmp_path
         f"error: interrupted by SIGTERM: the export stopped and wrote nothing ({out} is as it was); run the command "
         "again to export"]
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_signal_re_raised_as_another_error_still_ends_as_an_interruption(tmp_path, capsys):
+    """A SIGTERM that arrives inside `torch.jit.trace` reaches the CLI as optimum-intel's RuntimeError ("Couldn't
+    get TorchScript module by tracing"): still one interrupted line and exit status 143, not "could not export"."""
+    import pytest
+
+    from optimum_shared_graph import cli
+
+    before = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(SystemExit) as ended:
+        with cli._interrupts_fail_in_one_line(tmp_path / "out"):
+            try:
+                os.kill(os.getpid(), signal.SIGTERM)
+                time.sleep(5)  # the handler raises at the next bytecode
+            except BaseException as err:  # what optimum-intel does with what the trace raised
+                raise RuntimeError("Couldn't get TorchScript module by tracing") from err
+    assert ended.value.code == 128 + signal.SIGTERM
+    assert capsys.readouterr().err.startswith("error: interrupted by SIGTERM: the export stopped and wrote nothing")
+    assert signal.getsignal(signal.SIGTERM) == before  # the handler is the caller's again

@@ -1,6 +1,6 @@
 """Mixture-of-experts exports at released widths: memory, wall and decode against optimum-intel's own export.
 
-    python benchmarks/moe.py                                  # qwen3_moe and qwen2_moe at 2 and 4 layers (~40 min)
+    python benchmarks/moe.py                                  # every type at 2 and 4 layers: the page (~2 h)
     python benchmarks/moe.py --types mixtral phimoe --layers 2
     python benchmarks/moe.py --types qwen3_moe --weight-format int4 --group-size 128 --append
     python benchmarks/moe.py --report-only docs/benchmarks-moe.json
@@ -9,10 +9,11 @@ For each MoE type and depth, a random-init checkpoint of the released checkpoint
 each expert's projections saved as their own tensors, as the published checkpoints are) is exported by
 optimum-intel (`text-generation-with-past`) and by this task, one fresh process each, one after the other, while the
 process tree's RSS, anonymous memory (`Pss_Anon`: a forked child's shared pages counted once) and PSS are sampled
-every 0.1 s; then this task's export runs again under a hard
-memory limit below the checkpoint's size (a cgroup v1 limit, as root: `memory.Limit`), and GenAI's `LLMPipeline`
-on the CPU decodes from both artifacts in alternating fresh processes (greedy, `ignore_eos`). Writes
-`docs/benchmarks-moe.json` and `docs/benchmarks-moe.md`.
+every 0.1 s. This task's export runs under a hard memory limit below the checkpoint's size (a cgroup v1 limit, as
+root: `memory.Limit`): that run is its row, and only where the limit kills it does it run again without one. GenAI's
+`LLMPipeline` on the CPU then decodes from both artifacts in alternating fresh processes (greedy, `ignore_eos`).
+Writes `docs/benchmarks-moe.json` and `docs/benchmarks-moe.md`; while it runs, `moe-partial.json` in the workdir
+holds the rows so far (`--report-only` renders it, the types not reached named).
 """
 
 from __future__ import annotations
@@ -52,7 +53,11 @@ NOT_MEASURED = {"afmoe": "no released-width entry in `released.py`, and its expe
 # layers repeat 3 gated-delta-net layers and 1 attention layer, gpt-oss's alternate sliding-window and full attention
 ALTERNATING = {"qwen3_next": ("linear_attention", "full_attention"),
                "qwen3_5_moe_text": ("linear_attention", "full_attention"),
-               "gpt_oss": ("sliding_attention", "full_attention")}
+               "gpt_oss": ("sliding_attention", "full_attention"),
+               "granitemoehybrid": ("mamba", "attention"), "lfm2_moe": ("conv", "full_attention")}
+# config keys set apart from the released widths, and why (the page says so): LFM2-8B-A1B's first 2 layers are dense,
+# so 2 of its layers would hold no experts
+OVERRIDES = {"lfm2_moe": ({"num_dense_layers": 0}, "every layer has experts (the release's first 2 are dense)")}
 PROMPT_TOKENS, NEW_TOKENS, ROUNDS = 32, 32, 3
 
 
@@ -60,14 +65,18 @@ def build(model_type: str, layers: int, out: Path) -> dict:
     """The checkpoint, in a child process (its memory is gone after)."""
     if not (out / "config.json").is_file():
         key, experts = EXPERTS[model_type]
-        extra = ""
+        extra = {key: experts, **OVERRIDES.get(model_type, ({}, ""))[0]}
         if model_type in ALTERNATING:
-            extra = f", layer_types={list(ALTERNATING[model_type]) * (layers // 2)!r}"
+            extra["layer_types"] = list(ALTERNATING[model_type]) * (layers // 2)
         code = ("import sys; from optimum_shared_graph import released; "
                 f"released.build_released_width_model({model_type!r}, sys.argv[1], num_hidden_layers={layers}, "
-                f"{key}={experts}{extra})")
-        subprocess.run([sys.executable, "-c", code, str(out)], check=True, env=children.child_env(),
-                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                f"**{extra!r})")
+        proc = subprocess.run([sys.executable, "-c", code, str(out)], env=children.child_env(),
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        if proc.returncode != 0:
+            shutil.rmtree(out, ignore_errors=True)
+            lines = [line for line in proc.stderr.splitlines() if line.strip()]
+            raise RuntimeError(f"its checkpoint did not build: {lines[-1][:200] if lines else proc.returncode}")
     config = json.loads((out / "config.json").read_text())
     return {"model_type": model_type, "layers": layers, "released": _released(model_type),
             "hidden_size": config["hidden_size"], "experts": config.get("num_experts") or config.get("num_local_experts") or config.get("n_routed_experts"),
@@ -156,11 +165,11 @@ def decode_child(artifact: str) -> dict:
     return {"tpot_ms": round(result.perf_metrics.get_tpot().mean, 2), "tokens": [int(t) for t in result.tokens[0]]}
 
 
-def decode(artifacts: dict[str, Path]) -> dict:
-    """Each artifact decoded in `ROUNDS` alternating fresh processes: the median ms/token, and whether the greedy
+def decode(artifacts: dict[str, Path], rounds: int) -> dict:
+    """Each artifact decoded in `rounds` alternating fresh processes: the median ms/token, and whether the greedy
     tokens of the two artifacts agree (default properties: the CPU's own precision)."""
     runs: dict[str, list] = {name: [] for name in artifacts}
-    for r in range(ROUNDS):
+    for r in range(rounds):
         for name in (list(artifacts) if r % 2 == 0 else list(artifacts)[::-1]):
             os.sync()  # the artifact just written is on disk, not being written back while it decodes
             proc = subprocess.run([sys.executable, __file__, "--decode-child", str(artifacts[name])],
@@ -182,36 +191,47 @@ def decode(artifacts: dict[str, Path]) -> dict:
 def run(args) -> dict:
     work = args.workdir
     work.mkdir(parents=True, exist_ok=True)
-    rows = []
+    logs = work / "logs-moe"
+    logs.mkdir(exist_ok=True)
+    results = {"rows": [], "machine": context.machine(), "versions": context.versions(),
+               "date": time.strftime("%Y-%m-%d"), "note": args.note, "rounds": args.rounds,
+               "deeper_rounds": args.deeper_rounds,
+               "not_reached": {t: "the run was stopped before it" for t in args.types}}
     for model_type in args.types:
         for layers in args.layers:
             model = work / f"{model_type}-{layers}"
-            shape = build(model_type, layers, model)
-            logs = work / "logs-moe"
-            logs.mkdir(exist_ok=True)
+            try:
+                shape = build(model_type, layers, model)
+            except RuntimeError as err:
+                results["not_reached"][model_type] = str(err)
+                break
             theirs = export(model, work / "moe-with-past", "text-generation-with-past", None, logs / f"{model.name}-with-past.log")
-            ours = export(model, work / "moe-shared", "text-generation-shared", None, logs / f"{model.name}-shared.log")
+            # this task's export under a hard limit below the checkpoint: 0.8x its size, to 0.5 GiB, and at least
+            # 2 GiB (the libraries an export imports hold about 1 GiB of anonymous memory before it reads a weight);
+            # that run is the row's measure, and one the limit kills runs again without it
+            gib = max(math.floor(shape["checkpoint_bytes"] * 0.8 / 2**30 * 2) / 2, 2.0)
+            why = cgroup_available()
+            ours = export(model, work / "moe-shared", "text-generation-shared", None if why else gib,
+                          logs / f"{model.name}-shared-{gib:g}.log")
             row = {**shape, "weights": _label(WEIGHTS), "with_past": theirs, "shared": ours}
-            if ours["completed"]:
-                if theirs["completed"]:
-                    row["decode"] = decode({"shared": work / "moe-shared", "with_past": work / "moe-with-past"})
-                shutil.rmtree(work / "moe-with-past", ignore_errors=True)
-                # a hard limit below the checkpoint: 0.8x its size, to 0.5 GiB, and at least 2 GiB (the libraries an
-                # export imports hold about 1 GiB of anonymous memory before it reads a weight)
-                gib = max(math.floor(shape["checkpoint_bytes"] * 0.8 / 2**30 * 2) / 2, 2.0)
-                if (why := cgroup_available()) is None:
-                    row["limited"] = export(model, work / "moe-shared", "text-generation-shared", gib,
-                                            logs / f"{model.name}-shared-{gib:g}.log")
-                else:
-                    row["limited"] = {"skipped": why, "limit_gib": gib}
+            if why:
+                row["limited"] = {"skipped": why, "limit_gib": gib}
+            elif not ours["completed"]:
+                row["limited"] = ours
+                row["shared"] = ours = export(model, work / "moe-shared", "text-generation-shared", None,
+                                              logs / f"{model.name}-shared.log")
+            if ours["completed"] and theirs["completed"]:
+                rounds = args.rounds if layers == min(args.layers) else args.deeper_rounds
+                row["decode"] = decode({"shared": work / "moe-shared", "with_past": work / "moe-with-past"}, rounds)
+                row["decode"]["rounds"] = rounds
             shutil.rmtree(work / "moe-with-past", ignore_errors=True)
             shutil.rmtree(work / "moe-shared", ignore_errors=True)
             if not args.keep_models:
                 shutil.rmtree(model, ignore_errors=True)
-            rows.append(row)
-            (work / "moe-partial.json").write_text(json.dumps(rows, indent=1) + "\n")  # what a crash leaves
-    return {"rows": rows, "machine": context.machine(), "versions": context.versions(),
-            "date": time.strftime("%Y-%m-%d"), "note": args.note, "rounds": args.rounds}
+            results["rows"].append(row)
+            results["not_reached"].pop(model_type, None)
+            (work / "moe-partial.json").write_text(json.dumps(results, indent=1) + "\n")  # what a stop leaves
+    return results
 
 
 def _dated(results: dict) -> list[dict]:
@@ -219,6 +239,14 @@ def _dated(results: dict) -> list[dict]:
     run_ = {"date": results["date"], "machine": results["machine"], "note": results.get("note", ""),
             "rounds": results.get("rounds", 3)}
     return [{**row, "run": row.get("run", run_)} for row in results["rows"]]
+
+
+def _rounds(results: dict) -> str:
+    """`3`, or `3 at 2 layers, 1 at 4`: the decode processes per artifact of a run's rows."""
+    by_depth = {r["layers"]: r["decode"]["rounds"] for r in results["rows"] if "rounds" in r.get("decode", {})}
+    if len(set(by_depth.values())) <= 1:
+        return f"{next(iter(by_depth.values()), results.get('rounds', ROUNDS))}"
+    return ", ".join(f"{n} at {layers} layers" for layers, n in sorted(by_depth.items()))
 
 
 def _gb(n_bytes: float) -> str:
@@ -238,12 +266,15 @@ def render(results: dict) -> str:
              "loads) and granitemoe; layers of two kinds alternate), "
              "exported with `--weight-format fp16` (or the weights after a row's model type) by "
              "optimum-intel (`text-generation-with-past`) and by this task (validated against PyTorch), one fresh "
-             "process each, then this task's again under a hard memory limit below the checkpoint's size. Memory is "
+             "process each, this task's under a hard memory limit below the checkpoint's size (that run is its row; "
+             "where the limit kills it, the row is a second run without one). Memory is "
              "the process tree's peak, sampled every 0.1 s: anonymous memory (`Pss_Anon`) is what cannot be reclaimed (RSS "
              "counts the memory-mapped checkpoint's pages, PSS counts a page shared by processes once). Decode: "
              f"GenAI `LLMPipeline` on the CPU, {PROMPT_TOKENS}-token prompt, {NEW_TOKENS} greedy tokens "
-             "(`ignore_eos`), median of " + ("its run's" if dated else f"{ROUNDS}")
-             + " alternating fresh processes per artifact, default properties.", ""]
+             "(`ignore_eos`), median of " + ("its run's" if dated else _rounds(results))
+             + " alternating fresh processes per artifact, default properties."
+             + "".join(f" {t}: {why}." for t, (_, why) in OVERRIDES.items()
+                       if any(r["model_type"] == t for r in results["rows"])), ""]
     runs: dict[str, list[str]] = {}
     for r in results["rows"]:
         if "run" in r:
@@ -275,7 +306,7 @@ def render(results: dict) -> str:
         ours = f"{o['wall_s']:.0f} s, {o['peak_anon_mb']:,} MB ({o['peak_anon_mb'] * 2**20 / ck:.2f}x)"
         wall = f"{o['wall_s'] / t['wall_s']:.2f}x" if t["completed"] else "-"
         anon = f"{o['peak_anon_mb'] / t['peak_anon_mb']:.2f}x" if t["completed"] else "-"
-        lim = r.get("limited", {})
+        lim = r.get("limited") or (o if o.get("limit_gib") else {})
         limited = (f"{lim['limit_gib']:g} GiB: skipped ({lim['skipped']})" if "skipped" in lim else
                    f"{lim['limit_gib']:g} GiB: " + (f"completed, {lim['wall_s']:.0f} s, validation "
                                                     f"{(lim.get('validation') or {}).get('status')}" if lim.get("completed")
@@ -320,14 +351,16 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(decode_child(sys.argv[2])))
         return 0
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--types", nargs="+", default=["qwen3_moe", "qwen2_moe"], choices=list(EXPERTS))
+    parser.add_argument("--types", nargs="+", default=list(EXPERTS), choices=list(EXPERTS))
     parser.add_argument("--layers", nargs="+", type=int, default=[2, 4])
     parser.add_argument("--workdir", type=Path, default=HERE / "results")
     parser.add_argument("--docs-dir", type=Path, default=HERE.parent / "docs")
     parser.add_argument("--keep-models", action="store_true")
     parser.add_argument("--note", default="", help="the run's conditions, printed on the page")
     parser.add_argument("--report-only", type=Path, help="re-render docs/benchmarks-moe.md from a results JSON")
-    parser.add_argument("--rounds", type=int, default=ROUNDS, help="decode processes per artifact")
+    parser.add_argument("--rounds", type=int, default=ROUNDS,
+                        help="decode processes per artifact at the fewest layers")
+    parser.add_argument("--deeper-rounds", type=int, default=1, help="decode processes per artifact at more layers")
     parser.add_argument("--weight-format", default="fp16", help="optimum-cli's --weight-format for every export")
     parser.add_argument("--group-size", type=int, help="optimum-cli's --group-size (int4)")
     parser.add_argument("--append", action="store_true",

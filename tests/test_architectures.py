@@ -209,6 +209,32 @@ def test_granitemoe_dense_experts_run_only_the_routed_ones_on_a_cpu(tiny_model, 
     assert kinds.count("GatherMatmul") == 3 * layers, sorted(set(kinds))
 
 
+@pytest.mark.parametrize("model_type", ["granitemoe", "granitemoehybrid"])
+def test_granitemoe_capture_upcasts_one_expert_at_a_time(model_type, tiny_model):
+    """The capture's float32 compute of a 16-bit GraniteMoE (`granitemoe.while_exporting`): each expert's weight
+    upcast alone as its tokens are multiplied, not the layer's whole `[experts, out, in]` tensor with the layer, and
+    the logits those of the 16-bit weights upcast whole."""
+    from transformers import AutoModelForCausalLM
+
+    from optimum_shared_graph.architectures import granitemoe
+    from optimum_shared_graph.pipeline.reference import capture_fp32
+
+    if architectures.fix_module(model_type) is None:
+        pytest.skip("the installed transformers is outside architectures/granitemoe.py's range")
+    model = tiny_model(model_type)
+    ids = torch.tensor([[5, 7, 9, 11, 3, 2]])
+    with granitemoe.while_exporting(model_type), torch.no_grad():
+        half = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float16).eval()
+        logits, report = capture_fp32(half, lambda: half(ids).logits)
+    with torch.no_grad():
+        own = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float16).float().eval()(ids).logits
+    torch.testing.assert_close(logits, own, atol=1e-5, rtol=1e-5)
+    experts = max(sum(p.numel() * 4 for n, p in layer.named_parameters() if "linear" in n and p.dim() == 3)
+                  for layer in half.model.layers)
+    assert experts and report.peak_transient_bytes < experts, (report.peak_transient_bytes, experts)
+    assert not hasattr(type(half.model.layers[0].block_sparse_moe.input_linear), "computes_fp32_itself")  # undone
+
+
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("model_type", ["deepseek_v2", "deepseek_v3", "lfm2_moe", "qwen3_next", "mixtral",
                                         "qwen3_5_moe_text", "gpt_oss"])

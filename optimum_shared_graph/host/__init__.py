@@ -25,7 +25,7 @@ from .exporter import (
     dynamic_graph_skipped, graphs_before_save, main_export_wrapped, main_quantize_wrapped, models_handed_over,
     transformers_cap_lifted,
 )
-from .loading import experts_loaded_as_stored, unexpected_keys_ignored
+from .loading import experts_loaded_as_stored, parallel_experts_upcast_one_at_a_time, unexpected_keys_ignored
 from .tasks_manager import (
     export_configs_replaced, model_loads_wrapped, openvino_entries, task_registered,
 )
@@ -119,6 +119,11 @@ PATCHES: tuple[Patch, ...] = (
           "a mixture of experts' per-expert tensors loaded as stored (memory-mapped), not merged into new fused ones",
           "architectures/moe_experts.while_exporting (stage 3's load)", parameters=("model_type",),
           reached_by=("transformers.conversion_mapping:extract_weight_conversions_for_model",)),
+    *(Patch("parallel_experts_upcast_one_at_a_time", f"transformers.models.{t}.modeling_{t}:{c}.forward",
+            "each expert's weight upcast alone for the capture's float32 compute, not every expert's with the layer",
+            "architectures/granitemoe.while_exporting (stage 3's capture)", parameters=("inputs", "expert_size"))
+      for t, c in (("granitemoe", "GraniteMoeParallelExperts"),
+                   ("granitemoehybrid", "GraniteMoeHybridParallelExperts"))),
     # the static trace
     Patch("mask_functions_wrapped", "transformers.masking_utils:ALL_MASK_ATTENTION_FUNCTIONS.register",
           "the sdpa and eager masks with an integer query length", "pipeline/static.export_static_graph (stage 4)",
@@ -165,6 +170,6 @@ __all__ = [
     "dynamic_graph_skipped", "experts_loaded_as_stored",
     "export_command_extended", "export_configs_replaced", "graphs_before_save", "main_export_wrapped",
     "main_quantize_wrapped", "mask_functions_wrapped", "model_loads_wrapped", "models_handed_over",
-    "openvino_entries", "qwen3_5_generate_fixed", "task_registered", "transformers_cap_lifted",
+    "openvino_entries", "parallel_experts_upcast_one_at_a_time", "qwen3_5_generate_fixed", "task_registered", "transformers_cap_lifted",
     "unexpected_keys_ignored",
 ]

@@ -48,3 +48,25 @@ def experts_loaded_as_stored(modeling: str, class_name: str, replacement: type) 
     with replaced(module, class_name, replacement), \
             replaced(mapping, "get_checkpoint_conversion_mapping", without_fusion):
         yield
+
+
+@contextlib.contextmanager
+def parallel_experts_upcast_one_at_a_time(modeling: str, class_name: str) -> Iterator[None]:
+    """While active, the experts class `class_name` of the model module `modeling` (GraniteMoE's
+    `ParallelExperts`: every expert's weight in one `[experts, out, in]` tensor) multiplies each expert's tokens by
+    that expert's weight cast to the tokens' dtype, and says so (`computes_fp32_itself`): the capture's float32
+    compute then upcasts one expert at a time instead of the whole tensor with its layer. The same products as the
+    class's own `forward` (a no-op cast when the dtypes agree); both attributes are back as they were on exit."""
+    import importlib
+
+    import torch
+    import torch.nn.functional as F
+
+    experts = getattr(importlib.import_module(modeling), class_name)
+
+    def forward(self, inputs, expert_size):
+        parts = inputs.split(expert_size, dim=0)
+        return torch.cat([F.linear(x, self.weight[i].to(x.dtype)) for i, x in enumerate(parts)], dim=0)
+
+    with replaced(experts, "forward", forward), replaced(experts, "computes_fp32_itself", True):
+        yield

@@ -59,6 +59,7 @@ ALTERNATING = {"qwen3_next": ("linear_attention", "full_attention"),
 # so 2 of its layers would hold no experts
 OVERRIDES = {"lfm2_moe": ({"num_dense_layers": 0}, "every layer has experts (the release's first 2 are dense)")}
 PROMPT_TOKENS, NEW_TOKENS, ROUNDS = 32, 32, 3
+BOUND = 0.35  # peak anonymous memory per checkpoint byte the export is held to; a row above it is step-timed
 
 
 def build(model_type: str, layers: int, out: Path) -> dict:
@@ -150,6 +151,31 @@ def _total(figures) -> float:
     return sum(f for f in figures if f == f)
 
 
+def stages(model: Path, out: Path) -> dict:
+    """This task's export in-process, each step timed and its memory sampled (`export_stages.measure_in_process`):
+    which step holds the memory of an export over `BOUND`."""
+    shutil.rmtree(out, ignore_errors=True)
+    proc = subprocess.run([sys.executable, str(HERE / "export_stages.py"), "--child", str(model), str(out),
+                           WEIGHTS["--weight-format"]], capture_output=True, text=True, env=children.child_env())
+    shutil.rmtree(out, ignore_errors=True)
+    if proc.returncode != 0:
+        return {"completed": False, "error": (proc.stderr.strip().splitlines() or ["?"])[-1][:200]}
+    return {"completed": True, **json.loads(proc.stdout.strip().splitlines()[-1])}
+
+
+def _condensed(steps: list[dict]) -> list[dict]:
+    """The steps, validation's per-part compile and run steps merged into one (its seconds summed, its peaks)."""
+    out: list[dict] = []
+    for st in steps:
+        if st["step"].startswith("validation: part") and out and out[-1]["step"].startswith("validation: part"):
+            last = out[-1]
+            out[-1] = {**last, "step": "validation: parts compiled and run", "seconds": last["seconds"] + st["seconds"],
+                       **{k: max(last[k], st[k]) for k in ("peak_anon_mb", "peak_rss_mb")}}
+        else:
+            out.append(dict(st))
+    return out
+
+
 def decode_child(artifact: str) -> dict:
     """In a fresh process: GenAI CPU greedy decode of `NEW_TOKENS` after a `PROMPT_TOKENS` prompt, ms per token."""
     import numpy as np
@@ -220,6 +246,8 @@ def run(args) -> dict:
                 row["limited"] = ours
                 row["shared"] = ours = export(model, work / "moe-shared", "text-generation-shared", None,
                                               logs / f"{model.name}-shared.log")
+            if ours["completed"] and ours["peak_anon_mb"] * 2**20 > BOUND * shape["checkpoint_bytes"]:
+                row["stages"] = stages(model, work / "moe-stages")
             if ours["completed"] and theirs["completed"]:
                 rounds = args.rounds if layers == min(args.layers) else args.deeper_rounds
                 row["decode"] = decode({"shared": work / "moe-shared", "with_past": work / "moe-with-past"}, rounds)
@@ -337,6 +365,23 @@ def render(results: dict) -> str:
                           f"{(b['checkpoint_bytes'] - a['checkpoint_bytes']) / (b['layers'] - a['layers']) / 1e6:,.0f} MB per layer)")
     if slopes:
         lines += ["", "Slope with depth: " + "; ".join(slopes) + "."]
+    for r in results["rows"]:
+        st = r.get("stages")
+        if not st:
+            continue
+        lines += ["", f"### Where {r['model_type']} at {r['layers']} layers holds its memory "
+                      f"({r['shared']['peak_anon_mb'] * 2**20 / r['checkpoint_bytes']:.2f}x, over {BOUND:g}x)", ""]
+        if not st.get("completed"):
+            lines.append(f"The step-timed export failed: {st.get('error')}.")
+            continue
+        steps = _condensed(st["steps"])
+        top = max(steps, key=lambda x: x["peak_anon_mb"])
+        lines += [f"One more export of the same checkpoint in one process (`osg.export`), each step's wall and peak "
+                  f"memory sampled every 50 ms (`RssAnon` of the process): {st['wall_s']:.0f} s, peak anonymous "
+                  f"{st['peak_anon_mb']:,} MB, held by the step '{top['step']}'.", "",
+                  "| step | starts at | seconds | peak anonymous | peak RSS |", "| --- | --- | --- | --- | --- |"]
+        lines += [f"| {x['step']} | {x['start_s']:.0f} s | {x['seconds']:.1f} | {x['peak_anon_mb']:,} MB | "
+                  f"{x['peak_rss_mb']:,} MB |" for x in steps]
     missing = [f"{t} ({why})" for t, why in NOT_MEASURED.items() if t not in by_type]
     missing += [f"{t} (not reached: {why})" for t, why in results.get("not_reached", {}).items()]
     if missing:

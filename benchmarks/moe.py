@@ -294,8 +294,11 @@ def render(results: dict) -> str:
              "loads) and granitemoe; layers of two kinds alternate), "
              "exported with `--weight-format fp16` (or the weights after a row's model type) by "
              "optimum-intel (`text-generation-with-past`) and by this task (validated against PyTorch), one fresh "
-             "process each, this task's under a hard memory limit below the checkpoint's size (that run is its row; "
-             "where the limit kills it, the row is a second run without one). Memory is "
+             + ("process each, then this task's again under a hard memory limit below the checkpoint's size. "
+                if any((r.get("limited") or {}).get("completed") for r in results["rows"]) else
+                "process each, this task's under a hard memory limit below the checkpoint's size (that run is its "
+                "row; where the limit kills it, the row is a second run without one). ")
+             + "Memory is "
              "the process tree's peak, sampled every 0.1 s: anonymous memory (`Pss_Anon`) is what cannot be reclaimed (RSS "
              "counts the memory-mapped checkpoint's pages, PSS counts a page shared by processes once). Decode: "
              f"GenAI `LLMPipeline` on the CPU, {PROMPT_TOKENS}-token prompt, {NEW_TOKENS} greedy tokens "

@@ -151,12 +151,12 @@ def _total(figures) -> float:
     return sum(f for f in figures if f == f)
 
 
-def stages(model: Path, out: Path) -> dict:
-    """This task's export in-process, each step timed and its memory sampled (`export_stages.measure_in_process`):
-    which step holds the memory of an export over `BOUND`."""
+def stages(model: Path, out: Path, weight_format: str, task: str = "text-generation-shared") -> dict:
+    """`task`'s export in a child process, each step timed and its memory sampled
+    (`export_stages.measure_in_process`): which step holds the memory of an export over its bound."""
     shutil.rmtree(out, ignore_errors=True)
     proc = subprocess.run([sys.executable, str(HERE / "export_stages.py"), "--child", str(model), str(out),
-                           WEIGHTS["--weight-format"]], capture_output=True, text=True, env=children.child_env())
+                           weight_format, task], capture_output=True, text=True, env=children.child_env())
     shutil.rmtree(out, ignore_errors=True)
     if proc.returncode != 0:
         return {"completed": False, "error": (proc.stderr.strip().splitlines() or ["?"])[-1][:200]}
@@ -174,6 +174,13 @@ def _condensed(steps: list[dict]) -> list[dict]:
         else:
             out.append(dict(st))
     return out
+
+
+def step_table(steps: list[dict]) -> list[str]:
+    """A step-timed export's steps as a Markdown table: when each starts, its seconds, its peak memory."""
+    return ["| step | starts at | seconds | peak anonymous | peak RSS |", "| --- | --- | --- | --- | --- |"] + [
+        f"| {x['step']} | {x['start_s']:.0f} s | {x['seconds']:.1f} | {x['peak_anon_mb']:,} MB | {x['peak_rss_mb']:,} MB |"
+        for x in steps]
 
 
 def decode_child(artifact: str) -> dict:
@@ -247,7 +254,7 @@ def run(args) -> dict:
                 row["shared"] = ours = export(model, work / "moe-shared", "text-generation-shared", None,
                                               logs / f"{model.name}-shared.log")
             if ours["completed"] and ours["peak_anon_mb"] * 2**20 > BOUND * shape["checkpoint_bytes"]:
-                row["stages"] = stages(model, work / "moe-stages")
+                row["stages"] = stages(model, work / "moe-stages", WEIGHTS["--weight-format"])
             if ours["completed"] and theirs["completed"]:
                 rounds = args.rounds if layers == min(args.layers) else args.deeper_rounds
                 row["decode"] = decode({"shared": work / "moe-shared", "with_past": work / "moe-with-past"}, rounds)
@@ -381,10 +388,7 @@ def render(results: dict) -> str:
         top = max(steps, key=lambda x: x["peak_anon_mb"])
         lines += [f"One more export of the same checkpoint in one process (`osg.export`), each step's wall and peak "
                   f"memory sampled every 50 ms (`RssAnon` of the process): {st['wall_s']:.0f} s, peak anonymous "
-                  f"{st['peak_anon_mb']:,} MB, held by the step '{top['step']}'.", "",
-                  "| step | starts at | seconds | peak anonymous | peak RSS |", "| --- | --- | --- | --- | --- |"]
-        lines += [f"| {x['step']} | {x['start_s']:.0f} s | {x['seconds']:.1f} | {x['peak_anon_mb']:,} MB | "
-                  f"{x['peak_rss_mb']:,} MB |" for x in steps]
+                  f"{st['peak_anon_mb']:,} MB, held by the step '{top['step']}'.", ""] + step_table(steps)
     missing = [f"{t} ({why})" for t, why in NOT_MEASURED.items() if t not in by_type]
     missing += [f"{t} (not reached: {why})" for t, why in results.get("not_reached", {}).items()]
     if missing:

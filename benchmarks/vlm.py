@@ -93,17 +93,6 @@ def parity(artifact: Path) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def stages(model: Path, out: Path) -> dict:
-    """This task's export in-process, each step timed and its memory sampled (`export_stages.measure_in_process`)."""
-    shutil.rmtree(out, ignore_errors=True)
-    proc = subprocess.run([sys.executable, str(HERE / "export_stages.py"), "--child", str(model), str(out), "fp16",
-                           TASK], capture_output=True, text=True, env=children.child_env())
-    shutil.rmtree(out, ignore_errors=True)
-    if proc.returncode != 0:
-        return {"completed": False, "error": (proc.stderr.strip().splitlines() or ["?"])[-1][:200]}
-    return {"completed": True, **json.loads(proc.stdout.strip().splitlines()[-1])}
-
-
 def smallest_limit(model: Path, out: Path, peak_anon_mb: float, logs: Path, most: int = LIMIT_TRIES) -> list[dict]:
     """This task's export under hard limits on a `LIMIT_STEP` grid, from below its unlimited peak anonymous memory
     (0.75x, at least 1.5 GiB) upward until one completes validated, at most `most` tries; where the first completes,
@@ -174,7 +163,7 @@ def run(args) -> dict:
     for row in rows:
         model = work / f"{row['model_type']}-{row['layers']}"
         if args.stages and row["layers"] in args.stages_layers and any(not t["met"] for t in targets(row)):
-            row["stages"] = stages(model, work / "vlm-stages")
+            row["stages"] = moe.stages(model, work / "vlm-stages", "fp16", TASK)
             keep()
         if not args.keep_models:
             shutil.rmtree(model, ignore_errors=True)
@@ -309,10 +298,7 @@ def render(results: dict) -> str:
         lines += [f"One more export of the same checkpoint in-process (`osg.export`), each step's wall and its peak "
                   f"memory sampled every 50 ms: {s['wall_s']:.0f} s, peak anonymous {s['peak_anon_mb']:,} MB, "
                   f"peak RSS {s['peak_rss_mb']:,} MB. The baseline took {r['baseline']['wall_s']:.0f} s and "
-                  f"{r['baseline']['peak_anon_mb']:,} MB anonymous in all.", "",
-                  "| step | starts at | seconds | peak anonymous | peak RSS |", "| --- | --- | --- | --- | --- |"]
-        lines += [f"| {st['step']} | {st['start_s']:.0f} s | {st['seconds']:.1f} | {st['peak_anon_mb']:,} MB | "
-                  f"{st['peak_rss_mb']:,} MB |" for st in s["steps"]]
+                  f"{r['baseline']['peak_anon_mb']:,} MB anonymous in all.", ""] + moe.step_table(s["steps"])
     slopes = []
     by_type: dict[str, list] = {}
     for r in rows:

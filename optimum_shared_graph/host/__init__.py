@@ -170,6 +170,6 @@ __all__ = [
     "dynamic_graph_skipped", "experts_loaded_as_stored",
     "export_command_extended", "export_configs_replaced", "graphs_before_save", "main_export_wrapped",
     "main_quantize_wrapped", "mask_functions_wrapped", "model_loads_wrapped", "models_handed_over",
-    "openvino_entries", "parallel_experts_upcast_one_at_a_time", "qwen3_5_generate_fixed", "task_registered", "transformers_cap_lifted",
-    "unexpected_keys_ignored",
+    "openvino_entries", "parallel_experts_upcast_one_at_a_time", "qwen3_5_generate_fixed", "task_registered",
+    "transformers_cap_lifted", "unexpected_keys_ignored",
 ]

@@ -41,23 +41,28 @@ EXPERTS = {"qwen3_moe": ("num_experts", 128), "qwen2_moe": ("num_experts", 60), 
            "phimoe": ("num_local_experts", 16), "deepseek_v2": ("n_routed_experts", 64),
            "deepseek_v3": ("n_routed_experts", 64), "lfm2_moe": ("num_experts", 32), "qwen3_next": ("num_experts", 512),
            "qwen3_5_moe_text": ("num_experts", 256), "gpt_oss": ("num_local_experts", 32),
-           "granitemoe": ("num_local_experts", 40), "granitemoehybrid": ("num_local_experts", 64)}
+           "granitemoe": ("num_local_experts", 40), "granitemoehybrid": ("num_local_experts", 64),
+           "afmoe": ("num_experts", 128)}
 # the mixture-of-experts types the page has no row for, and why
-NOT_MEASURED = {"afmoe": "no released-width entry in `released.py`, and its experts keep transformers' fused load",
-                "llama4_text": "no released-width entry, its experts keep transformers' fused load, and optimum-intel "
+NOT_MEASURED = {"llama4_text": "no released-width entry, its experts keep transformers' fused load, and optimum-intel "
                                "2.2's export config refuses transformers above 4.57.6",
-                "dbrx": "no released-width entry, its experts keep transformers' fused load, and at DBRX's widths (16 "
-                        "experts of 10,752 over 6,144) one layer's experts are 6.3 GB in fp16",
+                "dbrx": "no export of it can be validated at its widths: transformers 5.5's DBRX experts read "
+                        "`ffn_config.ffn_hidden_size` where they mean the hidden size, so at DBRX's (experts of "
+                        "10,752 over 6,144) PyTorch itself fails (\"mat1 and mat2 shapes cannot be multiplied\"; "
+                        "transformers PR #47671)",
                 "olmoe": "not exported by either task: optimum-intel 2.2 has no export config for it"}
 # types whose layers are of two kinds, here alternating so that 2 layers hold one of each: the hybrids' released
-# layers repeat 3 gated-delta-net layers and 1 attention layer, gpt-oss's alternate sliding-window and full attention
+# layers repeat 3 gated-delta-net layers and 1 attention layer, gpt-oss's alternate sliding-window and full attention,
+# afmoe's repeat 3 sliding-window layers and 1 global one
 ALTERNATING = {"qwen3_next": ("linear_attention", "full_attention"),
                "qwen3_5_moe_text": ("linear_attention", "full_attention"),
                "gpt_oss": ("sliding_attention", "full_attention"),
-               "granitemoehybrid": ("mamba", "attention"), "lfm2_moe": ("conv", "full_attention")}
+               "granitemoehybrid": ("mamba", "attention"), "lfm2_moe": ("conv", "full_attention"),
+               "afmoe": ("sliding_attention", "full_attention")}
 # config keys set apart from the released widths, and why (the page says so): LFM2-8B-A1B's first 2 layers are dense,
 # so 2 of its layers would hold no experts
-OVERRIDES = {"lfm2_moe": ({"num_dense_layers": 0}, "every layer has experts (the release's first 2 are dense)")}
+OVERRIDES = {"lfm2_moe": ({"num_dense_layers": 0}, "every layer has experts (the release's first 2 are dense)"),
+             "afmoe": ({"num_dense_layers": 0}, "every layer has experts (the release's first 2 are dense)")}
 PROMPT_TOKENS, NEW_TOKENS, ROUNDS = 32, 32, 3
 BOUND = 0.35  # peak anonymous memory per checkpoint byte the export is held to; a row above it is step-timed
 

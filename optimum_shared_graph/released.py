@@ -269,6 +269,16 @@ RELEASED: dict[str, tuple[str, dict[str, Any]]] = {
         norm_topk_prob=True, routed_scaling_factor=2.446, num_attention_heads=16, num_key_value_heads=16,
         q_lora_rank=None, kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64, head_dim=64, v_head_dim=128,
         vocab_size=163840, max_position_embeddings=8192, tie_word_embeddings=False, rope_parameters=_rope(50000.0))),
+    # arcee-ai/Trinity-Mini: 32 layers of 2048, 3 sliding-window layers then 1 global (RoPE on the sliding ones), 32
+    # heads on 4 KV heads of 128, the first 2 layers dense (MLP 6144), 128 routed experts of 1024 (top 8) there, 16
+    # here, 1 shared, sigmoid routing scaled by 2.826, muP input scaling; the window is AfmoeConfig's default
+    "afmoe": ("arcee-ai/Trinity-Mini (its sliding window AfmoeConfig's default)", dict(
+        hidden_size=2048, intermediate_size=6144, moe_intermediate_size=1024, num_experts=16, num_experts_per_tok=8,
+        num_shared_experts=1, route_scale=2.826, mup_enabled=True, num_dense_layers=2, num_attention_heads=32,
+        num_key_value_heads=4, head_dim=128, vocab_size=200192, max_position_embeddings=131072,
+        global_attn_every_n_layers=4, sliding_window=1024, num_hidden_layers=8,
+        layer_types=(["sliding_attention"] * 3 + ["full_attention"]) * 2, tie_word_embeddings=False,
+        rope_parameters=_rope(10000.0))),
     "hunyuan_v1_dense": ("tencent/Hunyuan-1.8B-Instruct (its dynamic-NTK rotary scaling left out: default rotary)",
                          dict(hidden_size=2048, intermediate_size=6144, num_attention_heads=16, num_key_value_heads=4,
                               head_dim=128, vocab_size=120818, max_position_embeddings=32768, rms_norm_eps=1e-5,

@@ -236,7 +236,7 @@ def test_granitemoe_capture_upcasts_one_expert_at_a_time(model_type, tiny_model)
 
 
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize("model_type", ["deepseek_v2", "deepseek_v3", "lfm2_moe", "qwen3_next", "mixtral",
+@pytest.mark.parametrize("model_type", ["deepseek_v2", "deepseek_v3", "lfm2_moe", "qwen3_next", "mixtral", "afmoe",
                                         "qwen3_5_moe_text", "gpt_oss"])
 def test_moe_experts_of_every_per_expert_checkpoint_load_as_stored_and_fuse(model_type, tiny_model, tmp_path):
     """The other families whose checkpoints store each expert's projections, or (Qwen3.5-MoE, gpt-oss) each layer's
@@ -355,6 +355,13 @@ def test_moe_experts_load_memory_mapped_and_run_only_the_routed_ones_on_a_cpu(ti
         return np.stack([v["logits"][:, -1] for v in run_in_parts(graph, values, plan)])
 
     np.testing.assert_allclose(logits(ranged), logits(whole), rtol=1e-4, atol=1e-4)
+
+    # every weight over the bound, one expert's too (a Mixtral expert is 352 MB, against parts of 384 MiB compiled at
+    # about 4 bytes per byte): a part per expert range, not the whole layer's experts in one part
+    experts = found[0][2][0].get_output_shape(0)[0]
+    single = plan_parts(graph.clone(), 1, experts_range_bytes=1, rows_range_bytes=head.get_byte_size() // 3)
+    assert single.count >= experts * layers and max(single.part_bytes) < per_layer // 2, single.part_bytes
+    np.testing.assert_allclose(logits(single), logits(whole), rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.timeout(900)

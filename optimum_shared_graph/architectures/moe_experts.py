@@ -9,7 +9,7 @@ expert form (`lfm2_moe_experts_forward`: the fused tensor chunked and transposed
 constants. A 2-layer model of Qwen3-30B-A3B's widths held 2.2x its checkpoint in anonymous memory before the
 validation.
 
-The families (`FAMILIES`): qwen3_moe, qwen2_moe, mixtral, phimoe and gpt_oss, whose only fix this is, and
+The families (`FAMILIES`): qwen3_moe, qwen2_moe, mixtral, phimoe, gpt_oss and afmoe, whose only fix this is, and
 deepseek_v2/v3, lfm2_moe, qwen3_next and qwen3_5_moe_text (and the multimodal qwen3_5_moe's language model), whose fix
 modules compose their export configs and loads with this one (`export_config(their_config)`, `while_exporting`).
 Qwen3.5-MoE's checkpoints store each layer's experts fused (`experts.gate_up_proj`), which transformers loads
@@ -46,7 +46,7 @@ import torch
 
 # the types whose only fix is this one (deepseek_v2/v3, lfm2_moe and qwen3_next have fix modules of their own,
 # whose export configs and loads go through `export_config` and `while_exporting` here too)
-MODEL_TYPES = ("qwen3_moe", "qwen2_moe", "mixtral", "phimoe", "gpt_oss")
+MODEL_TYPES = ("qwen3_moe", "qwen2_moe", "mixtral", "phimoe", "gpt_oss", "afmoe")
 TRANSFORMERS = ">=5.0"  # the release that fuses experts at load (written and tested under 5.5)
 SUMMARY = ("the experts loaded as the checkpoint stores them (memory-mapped, not fused into new tensors), the routed "
            "ones computed one at a time for the capture, and converted from one stacked copy in an unlinked file")
@@ -70,6 +70,7 @@ FAMILIES: dict[str, tuple[str, str, tuple[str, ...] | type]] = {
     "lfm2_moe": ("transformers.models.lfm2_moe.modeling_lfm2_moe", "Lfm2MoeExperts", ("w1", "w3", "w2")),
     "qwen3_next": ("transformers.models.qwen3_next.modeling_qwen3_next", "Qwen3NextExperts",
                    ("gate_proj", "up_proj", "down_proj")),
+    "afmoe": ("transformers.models.afmoe.modeling_afmoe", "AfmoeExperts", ("gate_proj", "up_proj", "down_proj")),
     # a checkpoint that stores each layer's experts fused (`experts.gate_up_proj`, `experts.down_proj`), as
     # transformers 5 holds them: loaded memory-mapped as they are (`FusedStoredExperts`)
     "qwen3_5_moe_text": ("transformers.models.qwen3_5_moe.modeling_qwen3_5_moe", "Qwen3_5MoeExperts", FUSED),
@@ -364,11 +365,20 @@ def _unstack(experts: StoredExperts) -> None:
     experts._parameters.update(experts.__dict__.pop("_hidden_parameters", {}))
 
 
+# optimum-intel patchers that stack every expert of a layer into new tensors themselves (`torch.concat` over the
+# experts: a copy of them all) and replace the MoE block's forward to read those: the export extends the patcher
+# they extend instead, and the block keeps transformers' forward, which calls the stored experts
+_RESTACKING = ("AfmoeModelPatcher",)
+
+
 def export_config(base: type) -> type:
     """optimum-intel's export config `base`, its patcher tracing each `StoredExperts` in the stacked form."""
+    patcher_base = base._MODEL_PATCHER
+    if patcher_base.__name__ in _RESTACKING:
+        patcher_base = patcher_base.__mro__[1]
     return type(base.__name__, (base,), {
         "__doc__": f"{base.__name__} tracing the experts as stored (optimum_shared_graph.architectures.moe_experts).",
-        "_MODEL_PATCHER": patcher(base._MODEL_PATCHER),
+        "_MODEL_PATCHER": patcher(patcher_base),
     })
 
 

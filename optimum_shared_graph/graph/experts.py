@@ -19,6 +19,9 @@ from __future__ import annotations
 # compiled and run (measured at Qwen3-30B-A3B's widths: parts of 95 MB of expert ranges peaked 0.32-0.41 GB above
 # the process; it holds them in float32, and repacked).
 EXPERTS_COMPILED_PER_BYTE = 4.0
+# the rt_info key of the operation that ends an expert range's sum (`split_experts`): after it, only the tokens,
+# the router's weights and the sum so far cross, so graph/parts.py may end a part there
+RANGE_END = "osg_experts_range_end"
 
 def _key(node) -> int:
     """A node's identity, as `graph/parts.py` keys it (which imports this module: no import back)."""
@@ -166,6 +169,7 @@ def split_experts(model, max_range_bytes: int) -> int:
                 made[(_key(node), 0)] = _rebuilt(node, args, ops)
             part = ops.reduce_sum(made[(_key(order[-1]), 0)], np.array([0]), keep_dims=False).output(0)
             result = part if result is None else ops.add(result, part).output(0)
+            result.get_node().get_rt_info()[RANGE_END] = True  # where a part may end (graph/parts.py)
         total.output(0).replace(result)
         rewritten += 1
     if rewritten:

@@ -250,13 +250,18 @@ def plan_parts(model, max_part_bytes: int, cost=None, experts_range_bytes: int |
     inner_set = set(inner)
     around = [crossing[p] if p in inner_set else n for p in range(n + 1)]
     good = [p for p in inner if crossing[p] <= fewest or crossing[p] <= min(around[max(0, p - reach):p + reach + 1])]
+    # right after each expert range's sum (graph/experts.py): a layer's values other than its ranges' (the shapes
+    # its later layers read too) cross there as well, so these are no local minimum of the crossing values
+    from .experts import RANGE_END
+
+    range_ends = {i + 1 for i, op in enumerate(g.ops) if RANGE_END in op.get_rt_info()} & set(inner)
     cuts, start = [], 0
     while prefix[n] - prefix[start] > max_part_bytes:
         later = [p for p in good if p > start and prefix[p] > prefix[start]]
         fits = [p for p in later if prefix[p] - prefix[start] <= max_part_bytes]
         if not fits:  # one layer (or the head) alone exceeds the bound: cut inside it where it can be (the end of
             # an expert range or of a range of lm_head's rows, graph/experts.py)
-            fits = _inside_cuts(inner, crossing, prefix, start, min(later, default=n), max_part_bytes)
+            fits = _inside_cuts(inner, crossing, prefix, start, min(later, default=n), max_part_bytes, range_ends)
         if not fits and not later:
             break
         start = max(fits) if fits else min(later)
@@ -277,15 +282,20 @@ def _split(model, experts_range_bytes: int | None, rows_range_bytes: int | None)
 
 
 def _inside_cuts(inner: list[int], crossing: list[int], prefix: list[int], start: int, stop: int,
-                 max_part_bytes: int) -> list[int]:
+                 max_part_bytes: int, range_ends: set[int]) -> list[int]:
     """Positions between `start` and the next layer boundary `stop` where a part from `start` stays under the
     bound, crossing no more values than the fewest there plus the few a MoE block's expert ranges carry (the
-    tokens, the router's weights, the sum so far: `graph/experts.py`)."""
+    tokens, the router's weights, the sum so far: `graph/experts.py`), or ending an expert range. Where one expert
+    range alone exceeds the bound (a Mixtral expert is 352 MB), the end of the first range past it: a part per
+    range, not the whole layer."""
     within = [p for p in inner if start < p < stop and prefix[start] < prefix[p] <= prefix[start] + max_part_bytes]
+    past = [p for p in range_ends if start < p < stop and prefix[p] > prefix[start]]
+    if past and not range_ends.intersection(within):
+        return [min(past)]
     if not within:
         return []
     fewest = min(crossing[p] for p in within)
-    return [p for p in within if crossing[p] <= fewest + 2]
+    return [p for p in within if crossing[p] <= fewest + 2 or p in range_ends]
 
 
 def _bounds(cuts: list[int], n: int) -> list[tuple[int, int]]:

@@ -42,11 +42,9 @@ EXPERTS = {"qwen3_moe": ("num_experts", 128), "qwen2_moe": ("num_experts", 60), 
            "deepseek_v3": ("n_routed_experts", 64), "lfm2_moe": ("num_experts", 32), "qwen3_next": ("num_experts", 512),
            "qwen3_5_moe_text": ("num_experts", 256), "gpt_oss": ("num_local_experts", 32),
            "granitemoe": ("num_local_experts", 40), "granitemoehybrid": ("num_local_experts", 64),
-           "afmoe": ("num_experts", 128)}
+           "afmoe": ("num_experts", 128), "llama4_text": ("num_local_experts", 16)}
 # the mixture-of-experts types the page has no row for, and why
-NOT_MEASURED = {"llama4_text": "no released-width entry, its experts keep transformers' fused load, and optimum-intel "
-                               "2.2's export config refuses transformers above 4.57.6",
-                "dbrx": "no export of it can be validated at its widths: transformers 5.5's DBRX experts read "
+NOT_MEASURED = {"dbrx": "no export of it can be validated at its widths: transformers 5.5's DBRX experts read "
                         "`ffn_config.ffn_hidden_size` where they mean the hidden size, so at DBRX's (experts of "
                         "10,752 over 6,144) PyTorch itself fails (\"mat1 and mat2 shapes cannot be multiplied\"; "
                         "transformers PR #47671)",
@@ -62,7 +60,9 @@ ALTERNATING = {"qwen3_next": ("linear_attention", "full_attention"),
 # config keys set apart from the released widths, and why (the page says so): LFM2-8B-A1B's first 2 layers are dense,
 # so 2 of its layers would hold no experts
 OVERRIDES = {"lfm2_moe": ({"num_dense_layers": 0}, "every layer has experts (the release's first 2 are dense)"),
-             "afmoe": ({"num_dense_layers": 0}, "every layer has experts (the release's first 2 are dense)")}
+             "afmoe": ({"num_dense_layers": 0}, "every layer has experts (the release's first 2 are dense)"),
+             "llama4_text": ({"no_rope_layer_interval": 2}, "every 2nd layer is a global one without RoPE (the "
+                                                           "release's every 4th)")}
 PROMPT_TOKENS, NEW_TOKENS, ROUNDS = 32, 32, 3
 BOUND = 0.35  # peak anonymous memory per checkpoint byte the export is held to; a row above it is step-timed
 
@@ -303,7 +303,7 @@ def render(results: dict) -> str:
              "with the released checkpoints' widths and expert counts and 2 or 4 of their layers (fp16, the experts "
              "stored as the published checkpoints store them: per expert, or fused for qwen3_5_moe_text, gpt_oss "
              "(in 16 bits, as transformers saves them: not openai's MXFP4, which optimum-intel dequantizes as it "
-             "loads) and granitemoe; layers of two kinds alternate), "
+             "loads), granitemoe and llama4_text; layers of two kinds alternate), "
              "exported with `--weight-format fp16` (or the weights after a row's model type) by "
              "optimum-intel (`text-generation-with-past`) and by this task (validated against PyTorch), one fresh "
              + ("process each, then this task's again under a hard memory limit below the checkpoint's size. "

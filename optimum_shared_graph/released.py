@@ -279,6 +279,14 @@ RELEASED: dict[str, tuple[str, dict[str, Any]]] = {
         global_attn_every_n_layers=4, sliding_window=1024, num_hidden_layers=8,
         layer_types=(["sliding_attention"] * 3 + ["full_attention"]) * 2, tie_word_embeddings=False,
         rope_parameters=_rope(10000.0))),
+    # meta-llama/Llama-4-Scout-17B-16E: 48 layers of 5120, every one a MoE layer (16 experts of 8192, top 1, and a
+    # shared expert of 8192), 40 heads on 8 KV heads of 128, chunked attention (8192) on 3 layers of 4 and no RoPE on
+    # the 4th, the 202,048-token vocabulary; 4 experts here (the benchmarks set 16)
+    "llama4_text": ("meta-llama/Llama-4-Scout-17B-16E (Llama4TextConfig's default widths)", dict(
+        hidden_size=5120, intermediate_size=8192, intermediate_size_mlp=16384, num_local_experts=4,
+        num_experts_per_tok=1, interleave_moe_layer_step=1, num_attention_heads=40, num_key_value_heads=8,
+        head_dim=128, vocab_size=202048, max_position_embeddings=131072, attention_chunk_size=8192,
+        use_qk_norm=True, tie_word_embeddings=False, rope_parameters=_rope(500000.0))),
     "hunyuan_v1_dense": ("tencent/Hunyuan-1.8B-Instruct (its dynamic-NTK rotary scaling left out: default rotary)",
                          dict(hidden_size=2048, intermediate_size=6144, num_attention_heads=16, num_key_value_heads=4,
                               head_dim=128, vocab_size=120818, max_position_embeddings=32768, rms_norm_eps=1e-5,
@@ -399,13 +407,87 @@ def build_released_width_model(model_type: str, out_dir: str | Path, *, seed: in
 
     config = released_width_config(model_type, **overrides)
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float16).eval()
-    draw_zero_initialised(model, model_type)
-    model.generation_config = GenerationConfig(**_TOKENS)
-    model.save_pretrained(str(out_dir))
-    del model
+    with torch.device("meta"):
+        shape = AutoModelForCausalLM.from_config(config, dtype=torch.float16)
+    if sum(p.numel() * 2 for p in shape.parameters()) > _memory_available() // 2:
+        _save_streamed(shape, out_dir)  # a checkpoint larger than what this machine holds twice
+    else:
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float16).eval()
+        draw_zero_initialised(model, model_type)
+        model.generation_config = GenerationConfig(**_TOKENS)
+        model.save_pretrained(str(out_dir))
+        del model
     build_tokenizer(out_dir)
     return config
+
+
+def _memory_available() -> int:
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemAvailable:"):
+            return int(line.split()[1]) * 1024
+    return 1 << 62
+
+
+_SHARD_BYTES = 2 << 30
+
+
+def _save_streamed(model, out_dir: str | Path) -> None:
+    """Save the random-init `model` (built on the meta device) one module's own tensors at a time, each initialised
+    by transformers' `_init_weights` and written into shards of at most 2 GiB with their index, as `save_pretrained`
+    writes a sharded checkpoint: what a checkpoint larger than memory needs. Only for a model type whose checkpoints
+    store the tensors as transformers holds them (no conversion mapping to reverse on save)."""
+    import json
+
+    import torch
+    from safetensors.torch import save_file
+    from transformers import GenerationConfig
+    from transformers.conversion_mapping import get_checkpoint_conversion_mapping
+
+    model_type = model.config.model_type
+    if get_checkpoint_conversion_mapping(model_type):
+        raise RuntimeError(f"{model_type}'s checkpoint is larger than half this machine's memory and its tensors are "
+                           "converted on save: build it with fewer layers")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    tied = {"lm_head.weight"} if model.config.get_text_config().tie_word_embeddings else set()
+    shards, shard, size, total = [], {}, 0, 0
+
+    def flush():
+        nonlocal shard, size
+        if shard:
+            name = f"part-{len(shards):05d}.safetensors"
+            save_file(shard, str(out / name), metadata={"format": "pt"})
+            shards.append((name, list(shard)))
+        shard, size = {}, 0
+
+    with torch.no_grad():
+        for path, module in model.named_modules():
+            own = [(n, p) for n, p in module.named_parameters(recurse=False)]
+            if not own:
+                continue
+            module.to_empty(device="cpu", recurse=False)
+            model._init_weights(module)
+            for name, param in module.named_parameters(recurse=False):
+                key = f"{path}.{name}" if path else name
+                if key in tied:
+                    continue
+                tensor = param.detach().to(torch.float16).contiguous()
+                if size and size + tensor.numel() * 2 > _SHARD_BYTES:
+                    flush()
+                shard[key], size, total = tensor, size + tensor.numel() * 2, total + tensor.numel() * 2
+            if size > _SHARD_BYTES:
+                flush()
+            module.to_empty(device="meta", recurse=False)
+        flush()
+    weight_map = {}
+    for i, (name, keys) in enumerate(shards):
+        final = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
+        (out / name).rename(out / final)
+        weight_map.update({k: final for k in keys})
+    (out / "model.safetensors.index.json").write_text(
+        json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2))
+    model.config.save_pretrained(str(out))
+    GenerationConfig(**_TOKENS).save_pretrained(str(out))
 
 
 # ------------------------------------------------------------------------------------ vision-language checkpoints

@@ -176,6 +176,11 @@ _OVERRIDES: dict[str, dict[str, Any]] = {
                    num_attention_heads=8, num_key_value_heads=8, n_mamba_heads=8, mamba_d_state=16, mamba_d_conv=4,
                    mamba_expand=2, mamba_ngroups=1, chunk_size=256, num_mem_blocks=1, use_shared_attention_adapter=True,
                    adapter_rank=8, use_mem_rope=True, intermediate_size=None, tie_word_embeddings=True),
+    # shaped like meta-llama/Llama-4-Scout-17B-16E: a global-attention layer without RoPE after chunked-attention
+    # layers with it (every 4th there, every 2nd here), its queries scaled by a temperature of their positions
+    # (`attn_temperature_tuning`), which optimum-intel's attention reads from an argument transformers 5.5 no longer
+    # passes (architectures/llama4.py)
+    "llama4_text": dict(no_rope_layer_interval=2),
     # shaped like arcee-ai/Trinity-Mini (the Trinity report's table): 3 sliding-window layers then 1 full-attention
     # layer (global_attn_every_n_layers 4; RoPE on the sliding layers only), the first layers dense (2 of 32 there, 1
     # of 4 here), 8 query heads per KV head with heads x head_dim twice the hidden size (32 x 128 on 4 there), MLP 3 x

@@ -27,8 +27,9 @@ from optimum_shared_graph import architectures, read_manifest
 from optimum_shared_graph.testing import NPU_ON_CPU
 
 # The model types this package repairs under transformers 5.5 (optimum-intel's own configs fail there).
-REPAIRED = ["bigbird_pegasus", "blenderbot", "dbrx", "deepseek_v2", "deepseek_v3", "falcon_mamba", "gemma4_text",
-            "gpt_neo", "gpt_oss", "granitemoe", "granitemoehybrid", "lfm2", "lfm2_moe", "mamba", "marian", "mbart",
+REPAIRED = ["afmoe", "bigbird_pegasus", "blenderbot", "dbrx", "deepseek_v2", "deepseek_v3", "falcon_mamba",
+            "gemma4_text", "gpt_neo", "gpt_oss", "granitemoe", "granitemoehybrid", "lfm2", "lfm2_moe", "llama4_text",
+            "mamba", "marian", "mbart",
             "mixtral", "mpt", "pegasus", "phimoe", "qwen2_moe", "qwen3_5_moe_text", "qwen3_5_text", "qwen3_moe", "qwen3_next",
             "starcoder2", "zamba2"]
 
@@ -237,13 +238,14 @@ def test_granitemoe_capture_upcasts_one_expert_at_a_time(model_type, tiny_model)
 
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("model_type", ["deepseek_v2", "deepseek_v3", "lfm2_moe", "qwen3_next", "mixtral", "afmoe",
-                                        "qwen3_5_moe_text", "gpt_oss"])
+                                        "qwen3_5_moe_text", "gpt_oss", "llama4_text"])
 def test_moe_experts_of_every_per_expert_checkpoint_load_as_stored_and_fuse(model_type, tiny_model, tmp_path):
     """The other families whose checkpoints store each expert's projections, or (Qwen3.5-MoE, gpt-oss) each layer's
     experts fused (some with fix modules of their own, which compose with `moe_experts`): loaded memory-mapped, the
     export validated, and three `GatherMatmul`s per MoE layer in the CPU plugin's compiled graph (two for gpt-oss:
-    its gate and up projections are one, their columns interleaved), whose validation in parts below one layer gives
-    the logits of the graph compiled whole."""
+    its gate and up projections are one, their columns interleaved; none for Llama 4, whose block scales each
+    expert's copy of the tokens by its router score before the experts, not their outputs after), whose validation
+    in parts below one layer gives the logits of the graph compiled whole."""
     import openvino as ov
     from transformers import AutoModelForCausalLM
 
@@ -267,7 +269,7 @@ def test_moe_experts_of_every_per_expert_checkpoint_load_as_stored_and_fuse(mode
     assert not [p.name for p in tmp_path.iterdir() if p.name.startswith(".")]  # no staging directory left
     compiled = ov.Core().compile_model(tmp_path / "ov" / "openvino_model.xml", "CPU")
     kinds = [op.get_rt_info()["layerType"].astype(str) for op in compiled.get_runtime_model().get_ops()]
-    assert kinds.count("GatherMatmul") == (2 if model_type == "gpt_oss" else 3) * layers, sorted(set(kinds))
+    assert kinds.count("GatherMatmul") == {"gpt_oss": 2, "llama4_text": 0}.get(model_type, 3) * layers, sorted(set(kinds))
 
     # each MoE block recognised for validation in parts (`graph/experts.py`), and the same logits split into ranges
     from optimum_shared_graph.graph import experts as moe_graph
@@ -531,8 +533,8 @@ def test_optimum_intel_own_task_does_not_get_the_fix(tiny_model, tmp_path):
     assert not (tmp_path / "theirs" / "openvino_model.xml").exists()
 
 
-# afmoe (Arcee's Trinity) needs no fix: optimum-intel's own AfmoeOpenVINOConfig exports it under transformers 5.5.
-# transformers' own random init cannot be checked as it is: AfmoePreTrainedModel._init_weights zeroes every router gate,
+# afmoe (Arcee's Trinity) needs no fix to export: optimum-intel's own AfmoeOpenVINOConfig exports it under transformers
+# 5.5 (its only fix is `moe_experts`, for the memory). transformers' own random init cannot be checked as it is: AfmoePreTrainedModel._init_weights zeroes every router gate,
 # so every expert scores sigmoid(0) = 0.5 for every token and the top-k is an exact tie, which PyTorch's topk and
 # OpenVINO's TopK break differently (the 0.54 / 0.77 logits differences the coverage sweep refused). A checkpoint's
 # trained router has no such tie, and neither has `testing.build_tiny_model`'s afmoe (its router gates drawn from

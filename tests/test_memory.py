@@ -162,9 +162,9 @@ def test_a_mixture_of_experts_smallest_part_is_one_layers_attention():
     lm_head = int(memory.COMPILED_PER_BYTE * 163840 * 2048 * 2)
     dense = AutoConfig.for_model("qwen3", hidden_size=2048, intermediate_size=11264, vocab_size=163840)
     assert memory.smallest_part_bytes(dense, "fp16") == lm_head
-    # AFMoE's experts are traced stacked too (moe_experts); Llama 4's are not in a form graph/experts.py cuts: its
+    # AFMoE's experts are traced stacked too (moe_experts); DBRX's are not in a form graph/experts.py cuts: its
     # lm_head is still one piece
     afmoe = AutoConfig.for_model("afmoe", hidden_size=2048, num_experts=64, vocab_size=163840)
     assert memory.smallest_part_bytes(afmoe, "fp16") == int(memory.COMPILED_PER_BYTE * 4 * 2048 * 2048 * 2)
-    llama4 = AutoConfig.for_model("llama4_text", hidden_size=2048, num_local_experts=16, vocab_size=163840)
-    assert memory.smallest_part_bytes(llama4, "fp16") == lm_head
+    dbrx = AutoConfig.for_model("dbrx", d_model=2048, n_heads=16, vocab_size=163840)
+    assert memory.smallest_part_bytes(dbrx, "fp16") == lm_head

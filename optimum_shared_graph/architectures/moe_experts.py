@@ -10,8 +10,10 @@ constants. A 2-layer model of Qwen3-30B-A3B's widths held 2.2x its checkpoint in
 validation.
 
 The families (`FAMILIES`): qwen3_moe, qwen2_moe, mixtral, phimoe, gpt_oss and afmoe, whose only fix this is, and
-deepseek_v2/v3, lfm2_moe, qwen3_next and qwen3_5_moe_text (and the multimodal qwen3_5_moe's language model), whose fix
-modules compose their export configs and loads with this one (`export_config(their_config)`, `while_exporting`).
+deepseek_v2/v3, lfm2_moe, qwen3_next, qwen3_5_moe_text (and the multimodal qwen3_5_moe's language model) and
+llama4_text, whose fix modules compose their export configs and loads with this one (`export_config(their_config)`,
+`while_exporting`). Llama 4's experts are fused and transposed, and its block scales their inputs
+(`Llama4StoredExperts`).
 Qwen3.5-MoE's checkpoints store each layer's experts fused (`experts.gate_up_proj`), which transformers loads
 memory-mapped as they are; `FusedStoredExperts` keeps them so and gives the capture and the trace per-expert views of
 them. gpt-oss's are fused too, transposed, the gate and up columns interleaved, with biases (`GptOssStoredExperts`:
@@ -44,8 +46,8 @@ from typing import Iterator, Self
 
 import torch
 
-# the types whose only fix is this one (deepseek_v2/v3, lfm2_moe and qwen3_next have fix modules of their own,
-# whose export configs and loads go through `export_config` and `while_exporting` here too)
+# the types whose only fix is this one (deepseek_v2/v3, lfm2_moe, qwen3_next and llama4_text have fix modules of
+# their own, whose export configs and loads go through `export_config` and `while_exporting` here too)
 MODEL_TYPES = ("qwen3_moe", "qwen2_moe", "mixtral", "phimoe", "gpt_oss", "afmoe")
 TRANSFORMERS = ">=5.0"  # the release that fuses experts at load (written and tested under 5.5)
 SUMMARY = ("the experts loaded as the checkpoint stores them (memory-mapped, not fused into new tensors), the routed "
@@ -231,6 +233,57 @@ class GptOssStoredExperts(FusedStoredExperts):
 
 
 FAMILIES["gpt_oss"] = ("transformers.models.gpt_oss.modeling_gpt_oss", "GptOssExperts", GptOssStoredExperts)
+
+
+class Llama4StoredExperts(FusedStoredExperts):
+    """Llama 4's experts as its checkpoints store them (`gate_up_proj` `[experts, hidden, 2 x inner]`, the gate half
+    first, `down_proj` `[experts, inner, hidden]`), loaded memory-mapped as they are. Llama 4's MoE block
+    (`Llama4TextMoe`, transformers' forward, kept) scales each expert's copy of the tokens by its router score (zero
+    where the token was not routed to it) and sums the experts' outputs; the experts module takes those copies,
+    `[experts x tokens, hidden]`, and returns the experts' outputs in the same layout."""
+
+    def __init__(self, config):
+        from transformers.activations import ACT2FN
+
+        torch.nn.ModuleList.__init__(self)
+        inner, hidden, experts = config.intermediate_size, config.hidden_size, config.num_local_experts
+        self.gate_up_proj = torch.nn.Parameter(torch.empty(experts, hidden, 2 * inner))
+        self.down_proj = torch.nn.Parameter(torch.empty(experts, inner, hidden))
+        self.num_experts = experts
+        self.__dict__["act_fn"] = ACT2FN[config.hidden_act]
+        self._is_hf_initialized = True
+
+    def _projections(self, expert: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        gate_up = self.gate_up_proj[expert]
+        inner = gate_up.shape[1] // 2
+        return gate_up[:, :inner].t(), gate_up[:, inner:].t(), self.down_proj[expert].t()
+
+    def forward(self, hidden_states):
+        """transformers' `Llama4TextExperts.forward`, one expert at a time, its weights in the input's dtype while
+        it computes; an expert none of whose tokens was routed to it (its copy all zeros) gives zeros, uncomputed."""
+        linear = torch.nn.functional.linear
+        routed = hidden_states.view(self.num_experts, -1, hidden_states.shape[-1])
+        out = torch.zeros_like(routed)
+        for expert in range(self.num_experts):
+            state = routed[expert]
+            rows = state.abs().sum(dim=-1) != 0  # an unrouted token's copy is exactly zero: so is its output
+            if not bool(rows.any()):
+                continue
+            gate, up, down = (w.to(state.dtype) for w in self._projections(expert))
+            x = state[rows]
+            out[expert, rows] = linear(self._gated(linear(x, gate), linear(x, up)), down)
+        return out.view(-1, hidden_states.shape[-1])
+
+    def _traced(self, hidden_states):
+        """The stacked projections over every expert's copy of the tokens, returned `[experts, tokens, hidden]` (the
+        block reshapes them so: a Reshape that keeps the shape, which graph/experts.py finds its MoE block through,
+        so validation sums it over ranges of its experts)."""
+        gate_proj, up_proj, down_proj = self.stacked
+        routed = hidden_states.view(self.num_experts, -1, hidden_states.shape[-1])
+        return down_proj(self._gated(gate_proj(routed), up_proj(routed)))
+
+
+FAMILIES["llama4_text"] = ("transformers.models.llama4.modeling_llama4", "Llama4TextExperts", Llama4StoredExperts)
 
 
 def stacked_forward(self, hidden_states, top_k_index, top_k_weights):

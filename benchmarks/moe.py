@@ -396,6 +396,8 @@ def render(results: dict) -> str:
                   f"{st['peak_anon_mb']:,} MB, held by the step '{top['step']}'.", ""] + step_table(steps)
     missing = [f"{t} ({why})" for t, why in NOT_MEASURED.items() if t not in by_type]
     missing += [f"{t} (not reached: {why})" for t, why in results.get("not_reached", {}).items()]
+    missing += [f"{t} (not in this run: measured by a later version of this suite)" for t in EXPERTS
+                if t not in by_type and t not in results.get("not_reached", {})]
     if missing:
         lines += ["", "Mixture-of-experts types without a row: " + "; ".join(missing) + "."]
     v = results["versions"]

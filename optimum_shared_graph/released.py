@@ -403,13 +403,14 @@ def build_released_width_model(model_type: str, out_dir: str | Path, *, seed: in
     import torch
     from transformers import AutoModelForCausalLM, GenerationConfig
 
+    from .pipeline.memory import available_memory
     from .testing import build_tokenizer, draw_zero_initialised
 
     config = released_width_config(model_type, **overrides)
     torch.manual_seed(seed)
     with torch.device("meta"):
         shape = AutoModelForCausalLM.from_config(config, dtype=torch.float16)
-    if sum(p.numel() * 2 for p in shape.parameters()) > _memory_available() // 2:
+    if sum(p.numel() * 2 for p in shape.parameters()) > available_memory().available // 2:
         _save_streamed(shape, out_dir)  # a checkpoint larger than what this machine holds twice
     else:
         model = AutoModelForCausalLM.from_config(config, dtype=torch.float16).eval()
@@ -419,13 +420,6 @@ def build_released_width_model(model_type: str, out_dir: str | Path, *, seed: in
         del model
     build_tokenizer(out_dir)
     return config
-
-
-def _memory_available() -> int:
-    for line in Path("/proc/meminfo").read_text().splitlines():
-        if line.startswith("MemAvailable:"):
-            return int(line.split()[1]) * 1024
-    return 1 << 62
 
 
 _SHARD_BYTES = 2 << 30
@@ -462,8 +456,7 @@ def _save_streamed(model, out_dir: str | Path) -> None:
 
     with torch.no_grad():
         for path, module in model.named_modules():
-            own = [(n, p) for n, p in module.named_parameters(recurse=False)]
-            if not own:
+            if next(module.parameters(recurse=False), None) is None:
                 continue
             module.to_empty(device="cpu", recurse=False)
             model._init_weights(module)

@@ -9,6 +9,7 @@ here, in one place, instead of deep inside an export.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ast
 import importlib
 import inspect
@@ -132,9 +133,11 @@ def _state():
     from optimum.exporters.tasks import TasksManager
     from optimum.intel.openvino.configuration import OVQuantizationConfigBase
     from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
+    from nncf.quantization.algorithms.weight_compression import openvino_backend as nncf_ov
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
     return {
+        "compress_weight": nncf_ov.compress_weight,
         "_dataclasses_to_dict": OVQuantizationConfigBase.__dict__["_dataclasses_to_dict"],
         "export_from_model": ov_convert.export_from_model, "_save_model": ov_convert._save_model,
         "export_pytorch": ov_convert.export_pytorch, "main_export": ov_main.main_export,
@@ -145,7 +148,7 @@ def _state():
     }
 
 
-def test_each_patch_is_active_inside_and_undone_on_exit_also_after_an_error():
+def test_each_patch_is_active_inside_and_undone_on_exit_also_after_an_error(tmp_path):
     from optimum.exporters.openvino.base import OpenVINOConfig
     from transformers import LlamaForCausalLM
 
@@ -163,6 +166,7 @@ def test_each_patch_is_active_inside_and_undone_on_exit_also_after_an_error():
         "get_model_from_task": lambda: host.model_loads_wrapped(lambda err: err),
         "masks": lambda: host.mask_functions_wrapped(("sdpa", "eager"), lambda f: (lambda *a, **k: f(*a, **k))),
         "attention": lambda: host.attention_functions_wrapped(("sdpa",), lambda f: (lambda *a, **k: f(*a, **k))),
+        "compress_weight": lambda: host.weights_compressed_in_slices(tmp_path),
     }
     for key, patch in patches.items():
         with patch():
@@ -182,6 +186,49 @@ def test_each_patch_is_active_inside_and_undone_on_exit_also_after_an_error():
     with host.unexpected_keys_ignored(LlamaForCausalLM, [r"^model\.vision_tower(\.|$)"]):
         assert r"^model\.vision_tower(\.|$)" in LlamaForCausalLM._keys_to_ignore_on_load_unexpected
     assert LlamaForCausalLM.__dict__.get("_keys_to_ignore_on_load_unexpected", "absent") == ignored
+
+
+@pytest.mark.parametrize("mode", ["INT4_ASYM", "INT4_SYM", "INT8_ASYM", "INT8_SYM"])
+def test_weights_compressed_in_slices_are_nncfs_own_bytes_in_files_removed_after(mode, tmp_path):
+    """A vocabulary-like matrix (its rows sliced), an experts-like `[experts, out, in]` stack (sliced by experts) and
+    one under the slice size, compressed data-free as optimum-intel does: the saved graph is byte for byte NNCF's
+    own; the compressed values were file-backed (the patch's files, one directory, gone on exit)."""
+    import nncf
+    import numpy as np
+    import openvino as ov
+    import openvino.opset13 as ops
+
+    rng = np.random.default_rng(0)
+
+    def model():
+        x = ops.parameter([1, 256], ov.Type.f32, name="x")
+        vocab = ops.constant(rng.standard_normal((1000, 256), dtype=np.float32).astype(np.float16))
+        logits = ops.matmul(x, ops.convert(vocab, ov.Type.f32), False, True)
+        experts = ops.constant(rng.standard_normal((6, 128, 256), dtype=np.float32).astype(np.float16))
+        routed = ops.matmul(ops.broadcast(ops.reshape(x, [1, 1, 256], False), [6, 1, 256]),
+                            ops.convert(experts, ov.Type.f32), False, True)
+        small = ops.constant(rng.standard_normal((16, 256), dtype=np.float32).astype(np.float16))
+        return ov.Model([logits, routed, ops.matmul(x, ops.convert(small, ov.Type.f32), False, True)], [x])
+
+    options = {"mode": getattr(nncf.CompressWeightsMode, mode)}
+    if mode.startswith("INT4"):
+        options.update(group_size=64, ratio=1.0, all_layers=True)
+    saved = {}
+    for sliced in (False, True):
+        rng = np.random.default_rng(0)
+        files = []
+        with (host.weights_compressed_in_slices(tmp_path / "scratch", slice_elements=40_000) if sliced
+              else contextlib.nullcontext()):
+            compressed = nncf.compress_weights(model(), **options)
+            if sliced:
+                files = sorted(p.name for p in (tmp_path / "scratch").rglob("*") if p.is_file())
+            ov.save_model(compressed, tmp_path / f"{sliced}.xml", compress_to_fp16=False)
+        saved[sliced] = (tmp_path / f"{sliced}.bin").read_bytes()
+        if sliced:  # the vocabulary's and the experts' values (and zero points), not the small weight's
+            assert len([f for f in files if f.endswith(".tensor")]) == 2, files
+            assert len([f for f in files if f.endswith(".zero_point")]) == (2 if "ASYM" in mode else 0), files
+    assert saved[True] == saved[False]
+    assert list((tmp_path / "scratch").iterdir()) == []  # the patch's directory is gone
 
 
 def test_importing_host_imports_no_library():

@@ -1,4 +1,4 @@
-"""Every patch of a library this package does not own (optimum-intel, Optimum, transformers), in one place.
+"""Every patch of a library this package does not own (optimum-intel, Optimum, transformers, NNCF), in one place.
 
 The export is optimum-intel's own, with this package's stages hooked into it; the hooks are attributes of
 optimum-intel's and transformers' modules and classes replaced for a while. Each is a small named context
@@ -20,6 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .command import export_command_extended
+from .compression import weights_compressed_in_slices
 from .configuration import config_enums_serialized
 from .exporter import (
     dynamic_graph_skipped, graphs_before_save, main_export_wrapped, main_quantize_wrapped, models_handed_over,
@@ -124,6 +125,14 @@ PATCHES: tuple[Patch, ...] = (
             "architectures/granitemoe.while_exporting (stage 3's capture)", parameters=("inputs", "expert_size"))
       for t, c in (("granitemoe", "GraniteMoeParallelExperts"),
                    ("granitemoehybrid", "GraniteMoeHybridParallelExperts"))),
+    Patch("weights_compressed_in_slices",
+          "nncf.quantization.algorithms.weight_compression.openvino_backend:compress_weight",
+          "a large weight's data-free integer compression a slice of rows at a time, into memory-mapped files, "
+          "not with NNCF's temporaries of twice its float32 size and its compressed values in anonymous memory",
+          "pipeline/convert.convert (stage 3's weight compression)",
+          parameters=("weight", "reduction_axes", "config", "precomputed_compressed_weight"),
+          reached_by=("nncf.quantization.algorithms.weight_compression.openvino_backend:"
+                      "OVWeightCompressionAlgoBackend._create_compression_subgraph",)),
     # the static trace
     Patch("mask_functions_wrapped", "transformers.masking_utils:ALL_MASK_ATTENTION_FUNCTIONS.register",
           "the sdpa and eager masks with an integer query length", "pipeline/static.export_static_graph (stage 4)",
@@ -171,5 +180,5 @@ __all__ = [
     "export_command_extended", "export_configs_replaced", "graphs_before_save", "main_export_wrapped",
     "main_quantize_wrapped", "mask_functions_wrapped", "model_loads_wrapped", "models_handed_over",
     "openvino_entries", "parallel_experts_upcast_one_at_a_time", "qwen3_5_generate_fixed", "task_registered",
-    "transformers_cap_lifted", "unexpected_keys_ignored",
+    "transformers_cap_lifted", "unexpected_keys_ignored", "weights_compressed_in_slices",
 ]

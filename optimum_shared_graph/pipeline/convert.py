@@ -203,16 +203,19 @@ def convert(raw_export, source: str, raw: Path, *, task: str, exported_type: str
 
     lifted = fix = None
     try:
-        if task == BASE_TASK:
-            # past optimum-intel's transformers cap only when validation will guard the graph
-            # (a fallback is not validated: no captured calls to check it against)
-            with fix_applied(exported_type, scratch=raw.parent) as fix, lifted_cap(
-                    exported_type, BASE_TASK, validating=validating, fallback_reason=fallback_reason) as lifted:
-                with hooks, no_dynamic_graph(static):
-                    raw_export(source, raw)
-        else:  # optimum-intel's own partitioning for a vision-language model
-            with hooks:
-                raw_export(source, raw, task=task)
+        # a large weight compressed a slice at a time, its values file-backed (NNCF's own way holds twice its
+        # float32 size), the files in the staging directory
+        with host.weights_compressed_in_slices(raw.parent):
+            if task == BASE_TASK:
+                # past optimum-intel's transformers cap only when validation will guard the graph
+                # (a fallback is not validated: no captured calls to check it against)
+                with fix_applied(exported_type, scratch=raw.parent) as fix, lifted_cap(
+                        exported_type, BASE_TASK, validating=validating, fallback_reason=fallback_reason) as lifted:
+                    with hooks, no_dynamic_graph(static):
+                        raw_export(source, raw)
+            else:  # optimum-intel's own partitioning for a vision-language model
+                with hooks:
+                    raw_export(source, raw, task=task)
     except (SharedGraphError, InnerModelExport, ConvertAgain):
         raise
     except (Exception, SystemExit) as err:  # optimum-intel reports with ValueError, RuntimeError, ...

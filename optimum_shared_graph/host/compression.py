@@ -1,0 +1,86 @@
+"""NNCF's weight compression: a large weight compressed a slice of rows at a time, its compressed values in a file."""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+from pathlib import Path
+from typing import Iterator
+
+from ._swap import replaced
+
+# NNCF compresses a weight with temporaries of about 2.3x its float32 size (measured: a 151,936 x 2,048 float16
+# matrix, 594 MB, took 2.7 GB above its own bytes), so the widest weights of a model (the vocabulary's, a layer's
+# stacked experts) set the export's peak; compressed a slice of this many elements at a time, they hold ~300 MB
+SLICE_ELEMENTS = 1 << 25
+
+
+@contextlib.contextmanager
+def weights_compressed_in_slices(scratch: Path, slice_elements: int = SLICE_ELEMENTS) -> Iterator[None]:
+    """While active, NNCF's integer compression of an OpenVINO weight of more than `slice_elements` elements (data-free:
+    without precomputed scales) compresses it a slice of its first axis at a time, when that axis is not one it
+    reduces over (each row's groups are quantized on their own, so the values are the same as whole), and writes
+    each slice's compressed values and zero points into one file per weight, in a directory of its own under
+    `scratch`; the weight's new constants are those files' memory-mapped pages, not new anonymous memory. Any
+    other weight is NNCF's own path. On exit NNCF's function is back and the files are removed: the graphs that
+    used them must be saved by then (optimum-intel compresses a graph just before it saves it)."""
+    import shutil
+    import tempfile
+
+    import numpy as np
+    import openvino as ov
+    from nncf.quantization.algorithms.weight_compression import openvino_backend
+    from nncf.quantization.algorithms.weight_compression.parameters import CompressedWeight
+    from nncf.tensor import Tensor
+
+    original = openvino_backend.compress_weight
+    numbered = itertools.count()
+    mapped = []  # the files' mappings: an OpenVINO tensor over a NumPy array does not keep the array alive
+
+    def compress_weight(weight, reduction_axes, config, precomputed_compressed_weight=None):
+        axes = (reduction_axes,) if isinstance(reduction_axes, int) else tuple(reduction_axes or ())
+        data = weight.data
+        if (precomputed_compressed_weight is not None or not config.is_integer or config.is_codebook
+                or config.is_symmetric_represented_by_unsigned or config.num_bits not in (4, 8)
+                or not isinstance(data, ov.Tensor) or data.get_element_type() not in (ov.Type.f16, ov.Type.f32)
+                or weight.size <= slice_elements or len(weight.shape) < 2 or not axes
+                or any(a % len(weight.shape) == 0 for a in axes)):
+            return original(weight, reduction_axes, config, precomputed_compressed_weight)
+        values = data.data  # the constant's own memory, viewed
+        rows = values.shape[0]
+        step = max(2, slice_elements // (values.size // rows)) // 2 * 2  # even: 4-bit slices pack into whole bytes
+        kind = {(4, True): ov.Type.u4, (4, False): ov.Type.i4, (8, True): ov.Type.u8,
+                (8, False): ov.Type.i8}[config.num_bits, config.is_asym_mode]
+        path = Path(files) / f"weight-{next(numbered)}"
+        stored = {}  # "tensor" / "zero_point": [file-backed bytes, shape, bytes written], filled slice by slice
+        scales = []
+        for start in range(0, rows, step):
+            part = original(Tensor(ov.Tensor(values[start:start + step], shared_memory=True)), reduction_axes, config)
+            scales.append(part.scale.as_numpy_tensor().data)
+            for name in ("tensor", "zero_point"):
+                got = getattr(part, name)
+                if got is None:
+                    continue
+                # 4-bit values come as OpenVINO tensors of packed bytes, 8-bit ones as NumPy arrays (zero points
+                # of a wider type)
+                raw = got.data.data.reshape(-1) if isinstance(got.data, ov.Tensor) else \
+                    got.data.astype(kind.to_dtype()).view(np.uint8).reshape(-1)
+                if name not in stored:  # every slice has `step` rows but the last
+                    shape = [rows, *got.shape[1:]]
+                    size = (int(np.prod(shape)) * config.num_bits + 7) // 8
+                    stored[name] = [np.memmap(path.with_suffix(f".{name}"), np.uint8, "w+", shape=(size,)), shape, 0]
+                    mapped.append(stored[name][0])
+                buffer, _, done = stored[name]
+                buffer[done:done + raw.size] = raw
+                stored[name][2] += raw.size
+        out = {name: Tensor(ov.Tensor(buffer, shape, kind)) for name, (buffer, shape, _) in stored.items()}
+        return CompressedWeight(out["tensor"], Tensor(np.concatenate(scales)), out.get("zero_point"))
+
+    scratch.mkdir(parents=True, exist_ok=True)
+    files = tempfile.mkdtemp(prefix="compressed-", dir=scratch)
+    try:
+        with replaced(openvino_backend, "compress_weight", compress_weight):
+            yield
+    finally:
+        mapped.clear()  # unmapped once nothing else holds them
+        shutil.rmtree(files, ignore_errors=True)

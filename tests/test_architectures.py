@@ -370,6 +370,54 @@ def test_moe_experts_load_memory_mapped_and_run_only_the_routed_ones_on_a_cpu(ti
     np.testing.assert_allclose(logits(single), logits(whole), rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("weights", [["--weight-format", "int4", "--group-size", "16", "--ratio", "1.0"],
+                                     ["--weight-format", "int8"]])
+def test_compressed_experts_stay_whole_in_their_part_with_their_router(weights, tiny_model, tmp_path):
+    """A MoE export with NNCF-compressed experts: validation's parts never separate a block from its router, its
+    normed tokens or its sum (graph/experts.whole_spans), so each part holding experts is one the CPU plugin fuses
+    into `GatherMatmul`s over the compressed weights (cut from them, it decompressed one layer of Qwen3-30B-A3B's
+    widths to float32: +2.3 GB); the compressed experts are never cut into ranges; the logits are the whole graph's."""
+    import openvino as ov
+
+    from optimum_shared_graph.graph import experts as moe_graph
+    from optimum_shared_graph.graph.parts import build_parts, plan_parts
+    from optimum_shared_graph.pipeline.validate import run_in_parts
+
+    model = tiny_model("qwen3_moe")
+    run_cli("export", "openvino", "-m", str(model), "--task", "text-generation-shared", *weights, "--quiet",
+            str(tmp_path / "ov"), check=True)
+    graph = ov.Core().read_model(tmp_path / "ov" / "openvino_model.xml")
+    layers = json.loads((model / "config.json").read_text())["num_hidden_layers"]
+    found = moe_graph.blocks(graph)
+    assert len(found) == layers and all(moe_graph.is_compressed(w) for _, _, w in found)
+    whole = plan_parts(graph.clone(), 10**12)
+    finest = plan_parts(graph.clone(), 1, experts_range_bytes=1, rows_range_bytes=1)  # as many parts as it allows
+    assert finest.count > layers and finest.total_bytes == whole.total_bytes  # no expert ranges
+
+    names = {w.get_friendly_name() for _, _, weights in found for w in weights}
+    fused = []
+    for part in build_parts(graph.clone(), finest):
+        if any(c.get_friendly_name() in names for c in part.get_ops() if c.get_type_name() == "Constant"):
+            compiled = ov.Core().compile_model(part, "CPU", EXACT)
+            fused.append([op.get_rt_info()["layerType"].astype(str) for op in
+                          compiled.get_runtime_model().get_ops()].count("GatherMatmul"))
+    assert fused == [3] * layers
+
+    from optimum_shared_graph.runtimes.session import GraphSession
+
+    def logits(plan):
+        feeds = GraphSession.feeds_only(graph, model_type="qwen3_moe")
+        calls, mask = [np.array([[5, 17, 99, 3, 11]]), np.array([[7]]), np.array([[8]])], np.ones((1, 0), np.int64)
+        values = []
+        for ids in calls:
+            mask = np.ones((1, mask.shape[1] + ids.shape[1]), np.int64)
+            values.append(feeds.feed(ids, mask))
+        return np.stack([v["logits"][:, -1] for v in run_in_parts(graph, values, plan)])
+
+    np.testing.assert_allclose(logits(finest), logits(whole), rtol=1e-4, atol=1e-4)
+
+
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("model_type", _cases(SEQ2SEQ_WITHOUT_FIX))
 def test_seq2seq_decoder_exports_one_graph_with_parity(model_type, tiny_model, tmp_path):

@@ -228,7 +228,9 @@ def plan_parts(model, max_part_bytes: int, cost=None, experts_range_bytes: int |
         crossing[p] = running
     blocked = [False] * (n + 1)
     spans = g.state_spans()
-    for start, stop in spans:
+    from .experts import whole_spans
+
+    for start, stop in spans + whole_spans(model, lambda node: g.pos.get(_key(node))):
         for p in range(start + 1, stop + 1):
             blocked[p] = True
     # cut only where the fewest values cross (decoder-layer boundaries: the residual stream), as late as keeps

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import os
 from pathlib import Path
 from typing import Iterator
 
@@ -51,36 +52,42 @@ def weights_compressed_in_slices(scratch: Path, slice_elements: int = SLICE_ELEM
         step = max(2, slice_elements // (values.size // rows)) // 2 * 2  # even: 4-bit slices pack into whole bytes
         kind = {(4, True): ov.Type.u4, (4, False): ov.Type.i4, (8, True): ov.Type.u8,
                 (8, False): ov.Type.i8}[config.num_bits, config.is_asym_mode]
-        path = Path(files) / f"weight-{next(numbered)}"
-        stored = {}  # "tensor" / "zero_point": [file-backed bytes, shape, bytes written], filled slice by slice
+        path = Path(directory) / f"weight-{next(numbered)}"
+        files = {}  # "tensor" / "zero_point": [open file, shape], written slice by slice
         scales = []
-        for start in range(0, rows, step):
-            part = original(Tensor(ov.Tensor(values[start:start + step], shared_memory=True)), reduction_axes, config)
-            scales.append(part.scale.as_numpy_tensor().data)
-            for name in ("tensor", "zero_point"):
-                got = getattr(part, name)
-                if got is None:
-                    continue
-                # 4-bit values come as OpenVINO tensors of packed bytes, 8-bit ones as NumPy arrays (zero points
-                # of a wider type)
-                raw = got.data.data.reshape(-1) if isinstance(got.data, ov.Tensor) else \
-                    got.data.astype(kind.to_dtype()).view(np.uint8).reshape(-1)
-                if name not in stored:  # every slice has `step` rows but the last
-                    shape = [rows, *got.shape[1:]]
-                    size = (int(np.prod(shape)) * config.num_bits + 7) // 8
-                    stored[name] = [np.memmap(path.with_suffix(f".{name}"), np.uint8, "w+", shape=(size,)), shape, 0]
-                    mapped.append(stored[name][0])
-                buffer, _, done = stored[name]
-                buffer[done:done + raw.size] = raw
-                stored[name][2] += raw.size
-        out = {name: Tensor(ov.Tensor(buffer, shape, kind)) for name, (buffer, shape, _) in stored.items()}
+        try:
+            for start in range(0, rows, step):
+                part = original(Tensor(ov.Tensor(values[start:start + step], shared_memory=True)), reduction_axes,
+                                config)
+                scales.append(part.scale.as_numpy_tensor().data)
+                for name in ("tensor", "zero_point"):
+                    got = getattr(part, name)
+                    if got is None:
+                        continue
+                    if name not in files:  # every slice has `step` rows but the last
+                        files[name] = [open(path.with_suffix(f".{name}"), "wb"), [rows, *got.shape[1:]]]
+                    # 4-bit values come as OpenVINO tensors of packed bytes, 8-bit ones as NumPy arrays (zero points
+                    # of a wider type)
+                    files[name][0].write(got.data.data if isinstance(got.data, ov.Tensor) else
+                                         got.data.astype(kind.to_dtype()).tobytes())
+        except BaseException:
+            for file, _ in files.values():
+                file.close()
+            raise
+        out = {}
+        for name, (file, shape) in files.items():
+            with file:  # written back before it is mapped: clean pages, which the kernel can drop under a memory
+                file.flush()  # limit (dirty ones it must write first, and a cgroup's limit can kill before it has)
+                os.fsync(file.fileno())
+            mapped.append(np.memmap(file.name, np.uint8, "r"))
+            out[name] = Tensor(ov.Tensor(mapped[-1], shape, kind))
         return CompressedWeight(out["tensor"], Tensor(np.concatenate(scales)), out.get("zero_point"))
 
     scratch.mkdir(parents=True, exist_ok=True)
-    files = tempfile.mkdtemp(prefix="compressed-", dir=scratch)
+    directory = tempfile.mkdtemp(prefix="compressed-", dir=scratch)
     try:
         with replaced(openvino_backend, "compress_weight", compress_weight):
             yield
     finally:
         mapped.clear()  # unmapped once nothing else holds them
-        shutil.rmtree(files, ignore_errors=True)
+        shutil.rmtree(directory, ignore_errors=True)

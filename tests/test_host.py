@@ -231,6 +231,25 @@ def test_weights_compressed_in_slices_are_nncfs_own_bytes_in_files_removed_after
     assert list((tmp_path / "scratch").iterdir()) == []  # the patch's directory is gone
 
 
+def test_an_int4_export_compressed_in_slices_is_byte_for_byte_the_whole_weights(quantizable_model, tmp_path,
+                                                                              monkeypatch):
+    """Through the export (optimum-intel's conversion and save, validation, the staging directory's removal): every
+    weight compressed in slices gives the artifact NNCF's own compression gives, and no file is left behind."""
+    import optimum_shared_graph as osg
+    from optimum_shared_graph.host import compression
+
+    osg.export(str(quantizable_model), tmp_path / "whole", weight_format="int4", quiet=True)
+    written = []
+    monkeypatch.setattr(compression, "SLICE_ELEMENTS", 10_000)  # the tiny model's matrices, in slices
+    fsync = compression.os.fsync
+    monkeypatch.setattr(compression.os, "fsync", lambda fd: written.append(fd) or fsync(fd))
+    manifest = osg.export(str(quantizable_model), tmp_path / "sliced", weight_format="int4", quiet=True)
+    assert len(written) >= 8 and manifest.validation["status"] in ("passed", "recorded")
+    assert (tmp_path / "sliced" / "openvino_model.bin").read_bytes() == \
+        (tmp_path / "whole" / "openvino_model.bin").read_bytes()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["sliced", "whole"]
+
+
 def test_importing_host_imports_no_library():
     """The optimum-cli hook imports `cli`, which imports host/: `optimum-cli --help` must not pay for it."""
     code = ("import sys, optimum_shared_graph.host; "

@@ -17,9 +17,9 @@ SLICE_ELEMENTS = 1 << 25
 
 
 @contextlib.contextmanager
-def weights_compressed_in_slices(scratch: Path, slice_elements: int = SLICE_ELEMENTS) -> Iterator[None]:
-    """While active, NNCF's integer compression of an OpenVINO weight of more than `slice_elements` elements (data-free:
-    without precomputed scales) compresses it a slice of its first axis at a time, when that axis is not one it
+def weights_compressed_in_slices(scratch: Path, slice_elements: int | None = None) -> Iterator[None]:
+    """While active, NNCF's integer compression of an OpenVINO weight of more than `slice_elements` elements
+    (`SLICE_ELEMENTS` when None, read on entry), without precomputed scales, compresses it a slice of its first axis at a time, when that axis is not one it
     reduces over (each row's groups are quantized on their own, so the values are the same as whole), and writes
     each slice's compressed values and zero points into one file per weight, in a directory of its own under
     `scratch`; the weight's new constants are those files' memory-mapped pages, not new anonymous memory. Any
@@ -31,9 +31,11 @@ def weights_compressed_in_slices(scratch: Path, slice_elements: int = SLICE_ELEM
     import numpy as np
     import openvino as ov
     from nncf.quantization.algorithms.weight_compression import openvino_backend
+    from nncf.quantization.algorithms.weight_compression.constants import MIN_INPUT_SIZE_FOR_OPTIMIZED_COMPRESSION
     from nncf.quantization.algorithms.weight_compression.parameters import CompressedWeight
     from nncf.tensor import Tensor
 
+    slice_elements = slice_elements or SLICE_ELEMENTS
     original = openvino_backend.compress_weight
     numbered = itertools.count()
     mapped = []  # the files' mappings: an OpenVINO tensor over a NumPy array does not keep the array alive
@@ -49,22 +51,29 @@ def weights_compressed_in_slices(scratch: Path, slice_elements: int = SLICE_ELEM
             return original(weight, reduction_axes, config, precomputed_compressed_weight)
         values = data.data  # the constant's own memory, viewed
         rows = values.shape[0]
-        step = max(2, slice_elements // (values.size // rows)) // 2 * 2  # even: 4-bit slices pack into whole bytes
+        per_row = values.size // rows
+        # each slice large enough for NNCF's OpenVINO implementation (the whole weight's; smaller inputs go to its
+        # NumPy one, whose rounding can differ), an even number of rows (4-bit values pack into whole bytes), and a
+        # short last slice joined to the one before
+        step = max(slice_elements // per_row, -(-MIN_INPUT_SIZE_FOR_OPTIMIZED_COMPRESSION // per_row), 1)
+        step += step % 2
+        starts = list(range(0, rows, step))
+        if len(starts) > 1 and (rows - starts[-1]) * per_row < MIN_INPUT_SIZE_FOR_OPTIMIZED_COMPRESSION:
+            starts.pop()
         kind = {(4, True): ov.Type.u4, (4, False): ov.Type.i4, (8, True): ov.Type.u8,
                 (8, False): ov.Type.i8}[config.num_bits, config.is_asym_mode]
         path = Path(directory) / f"weight-{next(numbered)}"
         files = {}  # "tensor" / "zero_point": [open file, shape], written slice by slice
         scales = []
         try:
-            for start in range(0, rows, step):
-                part = original(Tensor(ov.Tensor(values[start:start + step], shared_memory=True)), reduction_axes,
-                                config)
+            for start, end in zip(starts, [*starts[1:], rows]):
+                part = original(Tensor(ov.Tensor(values[start:end], shared_memory=True)), reduction_axes, config)
                 scales.append(part.scale.as_numpy_tensor().data)
                 for name in ("tensor", "zero_point"):
                     got = getattr(part, name)
                     if got is None:
                         continue
-                    if name not in files:  # every slice has `step` rows but the last
+                    if name not in files:  # the weight's shape: its rows, the first slice's other axes
                         files[name] = [open(path.with_suffix(f".{name}"), "wb"), [rows, *got.shape[1:]]]
                     # 4-bit values come as OpenVINO tensors of packed bytes, 8-bit ones as NumPy arrays (zero points
                     # of a wider type)

@@ -221,24 +221,25 @@ def test_int4_group_size_that_does_not_divide_a_width(tiny_model, out_dir, tmp_p
     ["--shape-mode", "static", "--max-cache-len", "64"],
     ["--shape-mode", "static", "--max-cache-len", "64", "--awq", "--dataset", "CALIBRATION"],
 ], ids=["awq", "static", "static-awq"])
-def test_int4_group_size_refused_in_every_quantization_path(flags, tiny_model, out_dir_both, tmp_path):
+def test_int4_group_size_refused_in_every_quantization_path(flags, tiny_model, out_dir, tmp_path):
     """The NPU form of int4 (--sym --ratio 1.0) with a group size a width does not divide, where the graph is
     quantized elsewhere than in optimum-intel's data-free `_main_quantize`: calibrated on both stages, or the
     static graph (compressed, or calibrated, after optimum-intel's export; it raised NNCF's traceback, exit 1).
-    The same one line as the dynamic data-free export, and nothing written."""
+    The same one line as the dynamic data-free export, and nothing written (into an earlier artifact: under
+    `-m slow`; the data-free export's refusal checks it in the default run)."""
     model = tiny_model("llama", hidden_size=96, num_attention_heads=6, num_key_value_heads=2, head_dim=16,
                        intermediate_size=256)
     calibration = tmp_path / "calibration.txt"
     calibration.write_text("\n".join(f"calibration text number {i} for the quantizer" for i in range(8)) + "\n")
-    before = tree_snapshot(out_dir_both)
-    proc = _export(model, out_dir_both, "--weight-format", "int4", "--sym", "--ratio", "1.0", "--group-size", "64",
+    before = tree_snapshot(out_dir)
+    proc = _export(model, out_dir, "--weight-format", "int4", "--sym", "--ratio", "1.0", "--group-size", "64",
                    *[str(calibration) if f == "CALIBRATION" else f for f in flags])
     assert proc.returncode == 2, proc.stderr[-3000:]
     line = error_line(proc)
     assert line.startswith("error: text-generation-shared cannot quantize llama: group size 64 does not divide the "
                            "input width 96 of "), line
     assert "pass --group-size-fallback adjust" in line and "(--group-size 32)" in line, line
-    _assert_unchanged(out_dir_both, before)
+    _assert_unchanged(out_dir, before)
 
 
 def test_non_empty_foreign_output_directory_is_refused(tiny_model, tmp_path):

@@ -226,7 +226,7 @@ def test_int4_group_size_refused_in_every_quantization_path(flags, tiny_model, o
     quantized elsewhere than in optimum-intel's data-free `_main_quantize`: calibrated on both stages, or the
     static graph (compressed, or calibrated, after optimum-intel's export; it raised NNCF's traceback, exit 1).
     The same one line as the dynamic data-free export, and nothing written (into an earlier artifact: under
-    `-m slow`; the data-free export's refusal checks it in the default run)."""
+    `-m slow`; `test_failed_validation_writes_nothing` keeps one untouched after the export's work by default)."""
     model = tiny_model("llama", hidden_size=96, num_attention_heads=6, num_key_value_heads=2, head_dim=16,
                        intermediate_size=256)
     calibration = tmp_path / "calibration.txt"

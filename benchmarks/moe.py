@@ -394,10 +394,11 @@ def render(results: dict) -> str:
         lines += [f"One more export of the same checkpoint in one process (`osg.export`), each step's wall and peak "
                   f"memory sampled every 50 ms (`RssAnon` of the process): {st['wall_s']:.0f} s, peak anonymous "
                   f"{st['peak_anon_mb']:,} MB, held by the step '{top['step']}'.", ""] + step_table(steps)
-    missing = [f"{t} ({why})" for t, why in NOT_MEASURED.items() if t not in by_type]
+    measured = {r["model_type"] for rs in by_type.values() for r in rs}  # a row at any weight format
+    missing = [f"{t} ({why})" for t, why in NOT_MEASURED.items() if t not in measured]
     missing += [f"{t} (not reached: {why})" for t, why in results.get("not_reached", {}).items()]
     missing += [f"{t} (not in this run: measured by a later version of this suite)" for t in EXPERTS
-                if t not in by_type and t not in results.get("not_reached", {})]
+                if t not in measured and t not in results.get("not_reached", {})]
     if missing:
         lines += ["", "Mixture-of-experts types without a row: " + "; ".join(missing) + "."]
     v = results["versions"]

@@ -9,8 +9,8 @@ here, in one place, instead of deep inside an export.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import ast
+import contextlib
 import importlib
 import inspect
 import subprocess
@@ -130,10 +130,10 @@ def _state():
     """What the patches active for a while replace, as it is now (identities)."""
     import optimum.exporters.openvino.__main__ as ov_main
     import optimum.exporters.openvino.convert as ov_convert
+    from nncf.quantization.algorithms.weight_compression import openvino_backend as nncf_ov
     from optimum.exporters.tasks import TasksManager
     from optimum.intel.openvino.configuration import OVQuantizationConfigBase
     from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
-    from nncf.quantization.algorithms.weight_compression import openvino_backend as nncf_ov
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
     return {

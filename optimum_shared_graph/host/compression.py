@@ -19,8 +19,9 @@ SLICE_ELEMENTS = 1 << 25
 @contextlib.contextmanager
 def weights_compressed_in_slices(scratch: Path, slice_elements: int | None = None) -> Iterator[None]:
     """While active, NNCF's integer compression of an OpenVINO weight of more than `slice_elements` elements
-    (`SLICE_ELEMENTS` when None, read on entry), without precomputed scales, compresses it a slice of its first axis at a time, when that axis is not one it
-    reduces over (each row's groups are quantized on their own, so the values are the same as whole), and writes
+    (`SLICE_ELEMENTS` when None, read on entry), without precomputed scales, compresses it a slice of its first axis
+    at a time, when that axis is not one it reduces over (each row's groups are quantized on their own, so the values
+    are the same as whole), and writes
     each slice's compressed values and zero points into one file per weight, in a directory of its own under
     `scratch`; the weight's new constants are those files' memory-mapped pages, not new anonymous memory. Any
     other weight is NNCF's own path. On exit NNCF's function is back and the files are removed: the graphs that

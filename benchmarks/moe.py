@@ -240,9 +240,9 @@ def run(args) -> dict:
             model = work / f"{model_type}-{layers}"
             try:
                 shape = build(model_type, layers, model)
-            except RuntimeError as err:
-                results["not_reached"][model_type] = str(err)
-                break
+            except RuntimeError as err:  # this depth has no row; the type's others may
+                results["not_reached"][f"{model_type} at {layers} layers"] = str(err)
+                continue
             theirs = export(model, work / "moe-with-past", "text-generation-with-past", None, logs / f"{model.name}-with-past.log")
             # this task's export under a hard limit below the checkpoint: 0.8x its size, to 0.5 GiB, and at least
             # 2 GiB (the libraries an export imports hold about 1 GiB of anonymous memory before it reads a weight);
@@ -281,6 +281,28 @@ def _dated(results: dict) -> list[dict]:
     return [{**row, "run": row.get("run", run_)} for row in results["rows"]]
 
 
+def _row_key(row: dict) -> tuple:
+    return row["model_type"], row["layers"], row.get("weights", "fp16")
+
+
+def _merged(earlier: dict, now: dict) -> dict:
+    """`--append`: this run's rows and the earlier run's, less those this run measured again, each row dated; the
+    earlier run's unreached entries this run did not reach either."""
+    measured = {_row_key(r) for r in now["rows"]}
+    reached = {r["model_type"] for r in now["rows"]} | {f"{r['model_type']} at {r['layers']} layers" for r in now["rows"]}
+    rows = [r for r in _dated(earlier) if _row_key(r) not in measured] + _dated(now)
+    missed = {k: why for k, why in earlier.get("not_reached", {}).items() if k not in reached}
+    return {**now, "rows": rows, "not_reached": {**missed, **now["not_reached"]}}
+
+
+def _ordered(rows: list[dict]) -> list[dict]:
+    """The page's order: fp16 rows first, then each other weight format; by type as `EXPERTS` lists them, then depth."""
+    order = list(EXPERTS)
+    return sorted(rows, key=lambda r: (r.get("weights", "fp16") != "fp16", r.get("weights", "fp16"),
+                                       order.index(r["model_type"]) if r["model_type"] in order else len(order),
+                                       r["layers"]))
+
+
 def _rounds(results: dict) -> str:
     """`3`, or `3 at 2 layers, 1 at 4`: the decode processes per artifact of a run's rows."""
     by_depth = {r["layers"]: r["decode"]["rounds"] for r in results["rows"] if "rounds" in r.get("decode", {})}
@@ -294,6 +316,7 @@ def _gb(n_bytes: float) -> str:
 
 
 def render(results: dict) -> str:
+    results = {**results, "rows": _ordered(results["rows"])}
     dated = any("run" in r for r in results["rows"])
     when = ("(results in `docs/benchmarks-moe.json`; the runs and their machines below)" if dated else
             f"on {results['date']} (one run; results in `docs/benchmarks-moe.json`): "
@@ -400,7 +423,7 @@ def render(results: dict) -> str:
     missing += [f"{t} (not in this run: measured by a later version of this suite)" for t in EXPERTS
                 if t not in measured and t not in results.get("not_reached", {})]
     if missing:
-        lines += ["", "Mixture-of-experts types without a row: " + "; ".join(missing) + "."]
+        lines += ["", "Mixture-of-experts types and depths without a row: " + "; ".join(missing) + "."]
     v = results["versions"]
     lines += ["", "Versions: " + ", ".join(f"{k} {val}" for k, val in v.items()) + "."]
     return "\n".join(lines) + "\n"
@@ -431,8 +454,7 @@ def main(argv: list[str] | None = None) -> int:
                             **({"--group-size": str(args.group_size)} if args.group_size else {})}
     results = json.loads(args.report_only.read_text()) if args.report_only else run(args)
     if args.append and not args.report_only:  # the page's earlier run's rows kept, each with its own run's facts
-        earlier = json.loads((args.docs_dir / "benchmarks-moe.json").read_text())
-        results = {**results, "rows": _dated(earlier) + _dated(results)}
+        results = _merged(json.loads((args.docs_dir / "benchmarks-moe.json").read_text()), results)
     if not args.report_only:
         (args.docs_dir / "benchmarks-moe.json").write_text(json.dumps(results, indent=1) + "\n")
     (args.docs_dir / "benchmarks-moe.md").write_text(render(results))

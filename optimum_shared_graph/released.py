@@ -426,21 +426,20 @@ _SHARD_BYTES = 2 << 30
 
 
 def _save_streamed(model, out_dir: str | Path) -> None:
-    """Save the random-init `model` (built on the meta device) one module's own tensors at a time, each initialised
-    by transformers' `_init_weights` and written into shards of at most 2 GiB with their index, as `save_pretrained`
-    writes a sharded checkpoint: what a checkpoint larger than memory needs. Only for a model type whose checkpoints
-    store the tensors as transformers holds them (no conversion mapping to reverse on save)."""
+    """Save the random-init `model` (built on the meta device) one module's own tensors at a time, initialised by
+    transformers' `_init_weights` and written into shards of at most 2 GiB with their index, as `save_pretrained`
+    writes a sharded checkpoint: what a checkpoint larger than memory needs. Where transformers converts a model
+    type's tensors as it loads (experts fused into one tensor), each module's are converted back as `save_pretrained`
+    converts them (`revert_weight_conversion`), so the files hold the tensors as the published checkpoints do."""
     import json
 
     import torch
     from safetensors.torch import save_file
     from transformers import GenerationConfig
-    from transformers.conversion_mapping import get_checkpoint_conversion_mapping
+    from transformers.core_model_loading import revert_weight_conversion
 
-    model_type = model.config.model_type
-    if get_checkpoint_conversion_mapping(model_type):
-        raise RuntimeError(f"{model_type}'s checkpoint is larger than half this machine's memory and its tensors are "
-                           "converted on save: build it with fewer layers")
+    from .testing import _DRAWN
+
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     tied = {"lm_head.weight"} if model.config.get_text_config().tie_word_embeddings else set()
@@ -459,12 +458,20 @@ def _save_streamed(model, out_dir: str | Path) -> None:
             if next(module.parameters(recurse=False), None) is None:
                 continue
             module.to_empty(device="cpu", recurse=False)
-            model._init_weights(module)
-            for name, param in module.named_parameters(recurse=False):
-                key = f"{path}.{name}" if path else name
+            # as `post_init` initialises, the module first, then each module holding it (a mixture-of-experts block
+            # draws its router's weight): the others' tensors are on the meta device, where initialising is a no-op
+            parts = path.split(".") if path else []
+            for depth in range(len(parts), -1, -1):
+                model._init_weights(model.get_submodule(".".join(parts[:depth])))
+            for name, param in module.named_parameters(recurse=False):  # as `draw_zero_initialised` draws them
+                if any(f"{path}.{name}".endswith(f".{drawn}") for drawn in _DRAWN.get(model.config.model_type, ())):
+                    param.normal_(mean=0.0, std=model.config.initializer_range)
+            own = {f"{path}.{name}" if path else name: param.detach().to(torch.float16)
+                   for name, param in module.named_parameters(recurse=False)}
+            for key, tensor in revert_weight_conversion(model, own).items():
                 if key in tied:
                     continue
-                tensor = param.detach().to(torch.float16).contiguous()
+                tensor = tensor.contiguous()
                 if size and size + tensor.numel() * 2 > _SHARD_BYTES:
                     flush()
                 shard[key], size, total = tensor, size + tensor.numel() * 2, total + tensor.numel() * 2

@@ -122,6 +122,38 @@ def test_moe_page_is_its_results_rendered(tmp_path):
     assert "qwen3_moe (int4, group size 128): " in page and "qwen3_moe: " in page
 
 
+def test_moe_append_replaces_what_it_measured_again_and_keeps_what_is_still_missing():
+    """`benchmarks/moe.py --append`: a depth measured again replaces the earlier run's row (each row keeps its run's
+    date), a depth the earlier run could not build stays listed until a run measures it, the page in `EXPERTS`'
+    order."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("moe_bench", ROOT / "benchmarks" / "moe.py")
+    moe = importlib.util.module_from_spec(spec)
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        spec.loader.exec_module(moe)
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    data = json.loads((ROOT / "docs" / "benchmarks-moe.json").read_text())
+    rows = {(r["model_type"], r["layers"]): {k: v for k, v in r.items() if k != "run"}  # undated: as a run writes
+            for r in data["rows"] if r.get("weights", "fp16") == "fp16"}
+    q2, q4, g2 = rows["qwen3_moe", 2], rows["qwen3_moe", 4], rows["gpt_oss", 2]
+    earlier = {**data, "date": "2026-01-01", "rows": [g2, q2, q4],
+               "not_reached": {"mixtral at 4 layers": "its checkpoint did not build", "dbrx": "stopped"}}
+    now = {**data, "date": "2026-01-02", "rows": [{**q4, "checkpoint_bytes": 1}],
+           "not_reached": {"qwen3_next at 4 layers": "its checkpoint did not build"}}
+    merged = moe._merged(earlier, now)
+    assert [(r["model_type"], r["layers"], r["run"]["date"]) for r in moe._ordered(merged["rows"])] == [
+        ("qwen3_moe", 2, "2026-01-01"), ("qwen3_moe", 4, "2026-01-02"), ("gpt_oss", 2, "2026-01-01")]
+    assert set(merged["not_reached"]) == {"mixtral at 4 layers", "dbrx", "qwen3_next at 4 layers"}
+    page = moe.render(merged)
+    assert "mixtral at 4 layers (not reached: its checkpoint did not build)" in page
+    again = moe._merged(merged, {**now, "rows": [{**rows["qwen3_moe", 2], "model_type": "mixtral", "layers": 4}],
+                                 "not_reached": {}})
+    assert "mixtral at 4 layers" not in again["not_reached"] and "qwen3_next at 4 layers" in again["not_reached"]
+
+
 def _export_row(task, wall, anon, rss, *, completed=True, limit=None, status="passed"):
     row = {"task": task, "limit_gib": limit, "completed": completed, "wall_s": wall, "peak_rss_mb": rss,
            "peak_anon_mb": anon, "peak_pss_mb": rss, "oom_kills": 0}

@@ -219,6 +219,48 @@ def test_released_width_configs_have_the_checkpoints_widths_and_few_layers():
     assert bart.normalize_embedding and not bart.scale_embedding and bart.encoder_layers == bart.decoder_layers
 
 
+@pytest.mark.parametrize("model_type", ["mixtral", "qwen3_next", "afmoe", "llama"])
+def test_a_checkpoint_saved_module_by_module_is_the_one_save_pretrained_writes(tmp_path, monkeypatch, model_type):
+    """A released-width checkpoint larger than half the machine's memory is written one module at a time: its files
+    hold the keys `save_pretrained` writes (the experts per expert where transformers fuses them as it loads: mixtral,
+    qwen3_next), in shards with their index, and load back without a missing or unexpected key."""
+    import torch
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    from optimum_shared_graph import released
+    from optimum_shared_graph.testing import tiny_config
+
+    config = tiny_config(model_type)
+    monkeypatch.setattr(released, "_SHARD_BYTES", 64 << 10)  # several shards from a tiny model
+    with torch.device("meta"):
+        shape = AutoModelForCausalLM.from_config(config, dtype=torch.float16)
+    released._save_streamed(shape, tmp_path / "streamed")
+    AutoModelForCausalLM.from_config(config, dtype=torch.float16).save_pretrained(tmp_path / "whole")
+
+    def keys(folder):
+        return {k for f in folder.glob("*.safetensors") for k in load_file(str(f))}
+
+    streamed = keys(tmp_path / "streamed")
+    assert streamed == keys(tmp_path / "whole")
+    if model_type in ("mixtral", "qwen3_next"):
+        assert any(".experts.0." in k for k in streamed) and not any(k.endswith("gate_up_proj") for k in streamed)
+    index = json.loads((tmp_path / "streamed" / "model.safetensors.index.json").read_text())
+    assert set(index["weight_map"]) == streamed and len(set(index["weight_map"].values())) > 1
+    model, info = AutoModelForCausalLM.from_pretrained(tmp_path / "streamed", output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"], info
+    # the tensors come back as written: saved again, the loaded model writes the same values
+    model.to(torch.float16).save_pretrained(tmp_path / "again")
+    written = {k: v for f in (tmp_path / "streamed").glob("*.safetensors") for k, v in load_file(str(f)).items()}
+    again = {k: v for f in (tmp_path / "again").glob("*.safetensors") for k, v in load_file(str(f)).items()}
+    assert written.keys() == again.keys() and all(torch.equal(written[k], again[k]) for k in written)
+    # every tensor drawn: none left as the uninitialised memory a module's own `_init_weights` does not reach
+    # (qwen3_next's router weight is drawn by its mixture-of-experts block)
+    assert all(torch.isfinite(t).all() and t.abs().max() < 100 for t in written.values())
+    if model_type == "afmoe":  # its router drawn as `build_tiny_model` draws it (zero, every expert would tie)
+        assert all(written[k].abs().max() > 0 for k in written if k.endswith("router.gate.weight"))
+
+
 def _refs(*tokens):
     """PyTorch references as the coverage script keeps them: (encoding, sequence, scores) per prompt."""
     import torch

@@ -41,6 +41,12 @@ re-renders it from the JSON:
     PYTHONPATH=. python scripts/coverage.py --vlm --jobs 1
     PYTHONPATH=. python scripts/coverage.py --vlm --render-only docs/vlm-coverage.json
 
+`--vlm --npu-only` adds the NPU column at released widths: each type of `released.RELEASED_MULTIMODAL` (Gemma 3 4B,
+Qwen3.5-4B) built with its vision tower and processor whole and 6 text layers (`--npu-layers N` for more), exported
+with `--weight-format fp16` and run through GenAI's NPU pipeline, one type at a time, into the same results file:
+
+    PYTHONPATH=. python scripts/coverage.py --vlm --npu-only
+
 `--jobs` runs that many model types at once (default 2), `--timeout` bounds each one (seconds),
 `--no-static` skips the static export (for quick comparisons, e.g. between transformers versions).
 The representative subset CI runs is `tests/test_coverage.py` (`pytest -m coverage`).
@@ -579,6 +585,51 @@ def run_vlm_one(model_type: str, workdir: Path) -> dict:
     return result
 
 
+VLM_NPU_LAYERS = 6  # text layers at released widths: NPUW keeps a repeated block from 5 repeats
+
+
+def run_vlm_npu_one(model_type: str, workdir: Path, layers: int | None = None) -> dict:
+    """Build `model_type`'s checkpoint at its released widths (`released.RELEASED_MULTIMODAL`: the vision tower and
+    processor whole, `layers` text layers), export it with `--task image-text-to-text-shared --weight-format fp16`
+    and run `validate --consumer genai-vlm --device NPU` on GenAI's NPU pipeline, its partitions on the CPU: the
+    released-width cell of the VLM section's NPU column."""
+    import transformers
+
+    from optimum_shared_graph.released import build_released_multimodal
+
+    layers = layers or VLM_NPU_LAYERS
+    result: dict = {"model_type": model_type, "transformers": transformers.__version__, "layers": layers}
+    seconds = result["seconds"] = {}
+    started = t0 = time.monotonic()
+    model_dir, out = workdir / "model", workdir / "shared"
+    try:
+        build_released_multimodal(model_type, model_dir, layers=layers)
+    except Exception as err:  # noqa: BLE001
+        result["npu"] = f"released-width checkpoint build failed: {type(err).__name__}: {_first_line(err)}"
+        return result
+    seconds["build"] = round(time.monotonic() - t0, 1)
+    code, _, stderr, seconds["export"] = _command(
+        [_optimum_cli(), "export", "openvino", "-m", str(model_dir), "--task", "image-text-to-text-shared",
+         "--weight-format", NPU_WEIGHT_FORMAT, str(out)])
+    if code != 0:
+        result["npu"] = f"export refused at released widths: {_exception_line(stderr)}"
+    else:
+        cmd = [sys.executable, "-m", "optimum_shared_graph", "validate", str(out), "--consumer", "genai-vlm", "--json",
+               "--device", "NPU"] + [a for k, v in NPU_ON_CPU.items() for a in ("-p", f"{k}={v}")]
+        code, stdout, stderr, seconds["genai-vlm NPU"] = _command(cmd)
+        try:
+            report = json.loads(stdout)
+        except ValueError:
+            report = {}
+        result["report"] = {k: report[k] for k in VLM_REPORT_KEYS if k in report}
+        try:
+            result["npu"] = _validate_cell(report) if code == 0 else f"failed: {_exception_line(stderr)}"
+        except (KeyError, TypeError):
+            result["npu"] = "passed"
+    seconds["total"] = round(time.monotonic() - started, 1)
+    return result
+
+
 def _validation_flip_evidence(model_dir: Path, reason: str) -> str:
     """For an export refused on a greedy flip: PyTorch's top-2 margin at that step of the validation prompt."""
     match = re.search(r"greedy token (\d+) differs", reason)
@@ -734,7 +785,7 @@ def _run_subprocess(model_type: str, timeout: int, python: str, static: bool, np
         try:
             proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
         except subprocess.TimeoutExpired:
-            if vlm:
+            if vlm and not real_width:
                 return {"model_type": model_type, "export": f"timed out after {timeout} s in the coverage run",
                         "seconds": {"total": timeout}}
             if real_width:
@@ -745,7 +796,7 @@ def _run_subprocess(model_type: str, timeout: int, python: str, static: bool, np
             return json.loads(result_file.read_text())
         tail = [line for line in (proc.stderr or "").splitlines() if line.strip()]
         crashed = f"worker crashed (exit {proc.returncode}): {tail[-1][:300] if tail else 'no output'}"
-        if vlm:
+        if vlm and not real_width:
             return {"model_type": model_type, "export": crashed, "seconds": {"total": round(time.monotonic() - t0, 1)}}
         if real_width:
             return {"model_type": model_type, "npu": crashed, "seconds": {"total": round(time.monotonic() - t0, 1)}}
@@ -867,6 +918,21 @@ def _vlm_passed(cell: str | None) -> bool:
     return (cell or "").startswith("passed")
 
 
+def _released_npu_description(released: dict) -> list[str]:
+    """The bullet of the VLM section's released-width NPU column: what was built and run, and where."""
+    from optimum_shared_graph.released import RELEASED_MULTIMODAL
+
+    built = "; ".join(f"{t}: {RELEASED_MULTIMODAL[t]['checkpoint'] if t in RELEASED_MULTIMODAL else '?'}, "
+                      f"{r.get('layers')} of its {(RELEASED_MULTIMODAL.get(t) or {}).get('layers', '?')} text layers"
+                      for t, r in sorted(released.items()))
+    runs = sorted({f"{r.get('machine')}, commit {r.get('commit')}" for r in released.values()})
+    return ["- **genai-vlm (NPU pipeline, released widths)**: the same check on a random-init checkpoint with the",
+            "  released model's widths, its vision tower and processor whole and fewer text layers (NPUW keeps a",
+            f"  repeated block from 5 repeats) ({built}; `released.RELEASED_MULTIMODAL`), exported with",
+            f"  `--weight-format {NPU_WEIGHT_FORMAT}` (`scripts/coverage.py --vlm --npu-only`; run on "
+            + "; ".join(runs) + "); `-` where the package has no released-width entry for the type;"]
+
+
 def render_vlm(data: dict) -> list[str]:
     """The vision-language section: one row per model type of a `--vlm` run's results (`data`: the JSON it wrote)."""
     rows = sorted(data.get("results") or [], key=lambda r: r["model_type"])
@@ -882,6 +948,8 @@ def render_vlm(data: dict) -> list[str]:
     npu_set = next((v.get("set") or {} for v in data.get("validations") or [] if v.get("properties") == "NPU"),
                    NPU_ON_CPU)
     theirs = [r for r in rows if r.get("image-text-to-text") == "exported"]
+    released = data.get("released_npu") or {}  # `--vlm --npu-only`: type -> its released-width result
+    released_passed = [t for t, r in released.items() if _vlm_passed(r.get("npu"))]
     f32 = " ".join(f"-p {k}={v}" for k, v in sorted(EXACT.items()))
     lines = [
         VLM_HEADING, "",
@@ -905,6 +973,7 @@ def render_vlm(data: dict) -> list[str]:
         "  on its NPU pipeline (NPUW), its partitions compiled for the CPU (the code path an NPU takes, runnable",
         "  without one), greedy tokens on the stored image and prompt, judged by PyTorch's margins as under the default",
         "  properties;",
+        *(_released_npu_description(released) if released else []),
         "- **optimum-intel image-text-to-text**: optimum-intel's own `optimum-cli export openvino --task",
         "  image-text-to-text` of the same checkpoint, for comparison: exported, or its first error line.",
         "",
@@ -916,12 +985,16 @@ def render_vlm(data: dict) -> list[str]:
         "",
         f"**{len(exported)} of {len(rows)} vision-language model types exported with validation passed; {len(exact)} "
         f"pass both consumers under f32 properties, {len(default)} under the default properties, {len(npu)} through "
-        f"GenAI's NPU pipeline; optimum-intel's image-text-to-text exports {len(theirs)} of {len(rows)}.**",
+        f"GenAI's NPU pipeline"
+        + (f" ({len(released_passed)} of {len(released)} at released widths)" if released else "")
+        + f"; optimum-intel's image-text-to-text exports {len(theirs)} of {len(rows)}.**",
         "",
         "| model type | export | optimum-vlm (f32) | genai-vlm (f32) | optimum-vlm (default) | genai-vlm (default) "
-        "| genai-vlm (NPU pipeline) | optimum-intel image-text-to-text |",
-        "|---|---|---|---|---|---|---|---|",
+        "| genai-vlm (NPU pipeline) | " + ("genai-vlm (NPU pipeline, released widths) | " if released else "")
+        + "optimum-intel image-text-to-text |",
+        "|---|---|---|---|---|---|---|" + ("---|" if released else "") + "---|",
         *(f"| {r['model_type']} | {_vlm_cell(_vlm_export_cell(r))} | " + " | ".join(_vlm_cell(r.get(c)) for c in columns)
+          + (f" | {_vlm_cell((released.get(r['model_type']) or {}).get('npu'))}" if released else "")
           + f" | {_vlm_cell(r.get('image-text-to-text'))} |" for r in rows),
         "",
     ]
@@ -1373,6 +1446,35 @@ def _vlm_sweep(args) -> int:
     return 0
 
 
+def _vlm_npu_sweep(args) -> int:
+    """`--vlm --npu-only`: each type of `released.RELEASED_MULTIMODAL` (or `--types`) at its released widths through
+    GenAI's NPU pipeline, one at a time (a released-width export holds gigabytes), merged into --vlm-results'
+    `released_npu` (the types run replace theirs), then the VLM section spliced into the page at --output."""
+    from optimum_shared_graph.released import RELEASED_MULTIMODAL
+
+    types = args.types or list(RELEASED_MULTIMODAL)
+    unknown = [t for t in types if t not in RELEASED_MULTIMODAL]
+    if unknown:
+        raise SystemExit(f"no released-width vision-language configuration for {', '.join(unknown)} "
+                         f"(optimum_shared_graph/released.py has {', '.join(RELEASED_MULTIMODAL)})")
+    results_file = Path(args.vlm_results)
+    t0 = time.monotonic()
+    for model_type in types:
+        result = _run_subprocess(model_type, args.timeout or 3600, sys.executable, False, True, real_width=True,
+                                 layers=args.npu_layers, vlm=True)
+        data = read_npu_results(results_file)
+        data.setdefault("released_npu", {})[model_type] = {**result, "machine": _machine(), "commit": _commit(),
+                                                          "versions": _versions()}
+        results_file.write_text(json.dumps(data, indent=1, default=str) + "\n")
+        print(f"{model_type:12s} {(result.get('seconds') or {}).get('total', '')!s:>7} s  {result.get('npu')}",
+              flush=True)
+    print(f"{len(types)} types in {(time.monotonic() - t0) / 60:.1f} min -> {results_file}")
+    page = Path(args.output).read_text() if Path(args.output).is_file() else ""
+    Path(args.output).write_text(splice_vlm(page, render_vlm(read_npu_results(results_file))))
+    print(f"{VLM_HEADING[3:]} -> {args.output}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--types", nargs="*", help="model types to run (default: all supported)")
@@ -1396,7 +1498,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--npu-results", help="JSON of the NPU check at released width: written by --npu-only (types "
                                               "run replace their rows), read by the sweep and --render-only for the NPU "
                                               "column (the sweep then skips the tiny models' NPU check)")
-    parser.add_argument("--npu-layers", type=int, help="with --npu-only: this many layers instead of released.py's")
+    parser.add_argument("--npu-layers", type=int, help="with --npu-only: this many layers instead of released.py's "
+                                                       "(with --vlm: text layers, default 6)")
     parser.add_argument("--vlm", action="store_true",
                         help="run only the vision-language check (--task image-text-to-text-shared exported and "
                              "validated through optimum-vlm and genai-vlm, optimum-intel's image-text-to-text beside it; "
@@ -1415,7 +1518,9 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.one:
         try:
-            if args.vlm:
+            if args.vlm and args.npu_only:
+                result = run_vlm_npu_one(args.one, Path(args.workdir), layers=args.npu_layers)
+            elif args.vlm:
                 result = run_vlm_one(args.one, Path(args.workdir))
             elif args.npu_only:
                 result = run_npu_one(args.one, Path(args.workdir), layers=args.npu_layers)
@@ -1423,11 +1528,13 @@ def main(argv: list[str] | None = None) -> int:
                 result = run_one(args.one, Path(args.workdir), static=args.static, npu=args.npu)
         except Exception as err:  # noqa: BLE001
             error = f"coverage worker error: {type(err).__name__}: {_first_line(err)}"
-            result = ({"model_type": args.one, "export": error} if args.vlm else
+            result = ({"model_type": args.one, "export": error} if args.vlm and not args.npu_only else
                       {"model_type": args.one, "npu": error} if args.npu_only else
                       {"model_type": args.one, "status": REFUSED, "reason": error})
         Path(args.result).write_text(json.dumps(result, indent=1, default=str))
         return 0
+    if args.vlm and args.npu_only and not args.render_only:
+        return _vlm_npu_sweep(args)
     if args.vlm:
         return _vlm_sweep(args)
     if args.npu_only:

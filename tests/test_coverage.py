@@ -177,6 +177,23 @@ def test_vision_language_section_renders_after_the_multimodal_one_and_splices_on
                          "Exception from /a/b/vlm_config.cpp:45: Unsupported 'mistral3' VLM model type") == \
         "failed: genai-vlm on CPU could not run OUT: RuntimeError: Unsupported 'mistral3' VLM model type"
 
+    # `--vlm --npu-only`'s results at released widths: a column of their own, `-` for a type without them
+    released = dict(data, released_npu={
+        "qwen3_5": {"model_type": "qwen3_5", "layers": 6, "npu": "passed, 8 of 8 tokens compared",
+                    "machine": "a CPU, 2 CPUs", "commit": "def5678"},
+        "gemma3": {"model_type": "gemma3", "layers": 6, "npu": "failed: NPUW could not compile it",
+                   "machine": "a CPU, 2 CPUs", "commit": "def5678"}})
+    wide = "\n".join(cov.render_vlm(released))
+    assert "1 through GenAI's NPU pipeline (1 of 2 at released widths);" in wide
+    assert "| genai-vlm (NPU pipeline) | genai-vlm (NPU pipeline, released widths) | optimum-intel" in wide
+    assert ("| passed, 8 of 8 tokens compared | passed, 8 of 8 tokens compared | fails: ValueError: transformers "
+            "5.5.4 is installed |") in wide
+    assert "| mistral3 | refused: it broke | - | - | - | - | - | - | exported |" in wide
+    assert "qwen3_5: Qwen/Qwen3.5-4B, 6 of its 32 text layers" in wide and "a CPU, 2 CPUs, commit def5678" in wide
+    with pytest.raises(SystemExit, match="no released-width vision-language configuration for llava"):
+        cov.main(["--vlm", "--npu-only", "--types", "llava", "--vlm-results", str(tmp_path / "none.json")])
+    assert not (tmp_path / "none.json").exists()
+
     # `--vlm --render-only FILE`: the page re-rendered from the JSON, nothing run
     (tmp_path / "vlm.json").write_text(json.dumps(data))
     (tmp_path / "page.md").write_text(spliced.replace("| qwen3_5 | passed", "| qwen3_5 | stale"))

@@ -522,6 +522,41 @@ def _validate_cell(report: dict) -> str:
     return text
 
 
+def _vlm_built_and_exported(build, model_dir: Path, out: Path, seconds: dict, *flags: str) -> str | None:
+    """`build()` the checkpoint into `model_dir`, then `optimum-cli export openvino --task image-text-to-text-shared
+    [flags] out`, each timed into `seconds` -> None, or why there is no artifact (a line for the table)."""
+    t0 = time.monotonic()
+    try:
+        build()
+    except Exception as err:  # noqa: BLE001
+        return f"checkpoint build failed: {type(err).__name__}: {_first_line(err)}"
+    seconds["build"] = round(time.monotonic() - t0, 1)
+    code, _, stderr, seconds["export"] = _command(
+        [_optimum_cli(), "export", "openvino", "-m", str(model_dir), "--task", "image-text-to-text-shared", *flags,
+         str(out)])
+    return None if code == 0 else f"refused: {_exception_line(stderr)}"
+
+
+def _vlm_validate(out: Path, consumer: str, device: str, properties: dict) -> tuple[str, dict, float]:
+    """`validate OUT --consumer C --device D --json -p K=V ...` as a user runs it -> (its cell, the report's
+    `VLM_REPORT_KEYS`, seconds)."""
+    cmd = [sys.executable, "-m", "optimum_shared_graph", "validate", str(out), "--consumer", consumer, "--json",
+           "--device", device] + [a for k, v in properties.items() for a in ("-p", f"{k}={v}")]
+    code, stdout, stderr, took = _command(cmd)
+    try:  # `--json`: the report on stdout, a failure's too when it has one
+        report = json.loads(stdout)
+    except ValueError:
+        report = {}
+    if code != 0:
+        cell = f"failed: {_exception_line(stderr)}"
+    else:
+        try:
+            cell = _validate_cell(report)
+        except (KeyError, TypeError):
+            cell = "passed"
+    return cell, {k: report[k] for k in VLM_REPORT_KEYS if k in report}, took
+
+
 def run_vlm_one(model_type: str, workdir: Path) -> dict:
     """Build `model_type`'s tiny checkpoint with its processor, export it with `--task image-text-to-text-shared`,
     run `validate` through both VLM consumers (f32 and default properties), and export it with optimum-intel's own
@@ -536,18 +571,12 @@ def run_vlm_one(model_type: str, workdir: Path) -> dict:
     started = time.monotonic()
     seconds = result["seconds"] = {}
     model_dir, out, theirs = workdir / "model", workdir / "shared", workdir / "image-text-to-text"
-    t0 = time.monotonic()
-    try:
-        build_tiny_multimodal(model_type, model_dir, processor=True)
-    except Exception as err:  # noqa: BLE001
-        result["export"] = f"tiny checkpoint build failed: {type(err).__name__}: {_first_line(err)}"
-        return result
-    seconds["build"] = round(time.monotonic() - t0, 1)
-
-    code, _, stderr, seconds["export"] = _command(
-        [_optimum_cli(), "export", "openvino", "-m", str(model_dir), "--task", "image-text-to-text-shared", str(out)])
-    if code != 0:
-        result["export"] = f"refused: {_exception_line(stderr)}"
+    why = _vlm_built_and_exported(lambda: build_tiny_multimodal(model_type, model_dir, processor=True), model_dir, out,
+                                  seconds)
+    if why:
+        result["export"] = why
+        if not why.startswith("refused"):  # no checkpoint: nothing for optimum-intel to export either
+            return result
     else:
         manifest = json.loads((out / "shared_graph.json").read_text())
         validation = manifest.get("validation") or {}
@@ -558,24 +587,9 @@ def run_vlm_one(model_type: str, workdir: Path) -> dict:
         result["fixes"] = [f["fix"] for f in (manifest.get("model") or {}).get("fixes", [])]
         result["export"] = "passed" if validation.get("status") == "passed" else f"validation {validation.get('status')}"
         for consumer, label, properties in VLM_VALIDATIONS:
-            cmd = [sys.executable, "-m", "optimum_shared_graph", "validate", str(out), "--consumer", consumer, "--json",
-                   "--device", VLM_DEVICES.get(label, "CPU")]
-            cmd += [a for k, v in properties.items() for a in ("-p", f"{k}={v}")]
-            code, stdout, stderr, took = _command(cmd)
-            seconds[f"{consumer} {label}"] = took
-            try:  # `--json`: the report on stdout, a failure's too when it has one
-                report = json.loads(stdout)
-            except ValueError:
-                report = {}
-            result.setdefault("reports", {})[f"{consumer} {label}"] = {k: report[k] for k in VLM_REPORT_KEYS if k in report}
-            if code == 0:
-                try:
-                    cell = _validate_cell(report)
-                except (KeyError, TypeError):
-                    cell = "passed"
-            else:
-                cell = f"failed: {_exception_line(stderr)}"
-            result[f"{consumer} {label}"] = cell
+            name = f"{consumer} {label}"
+            result[name], result.setdefault("reports", {})[name], seconds[name] = _vlm_validate(
+                out, consumer, VLM_DEVICES.get(label, "CPU"), properties)
 
     code, _, stderr, seconds["image-text-to-text"] = _command(
         [_optimum_cli(), "export", "openvino", "-m", str(model_dir), "--task", "image-text-to-text", str(theirs)])
@@ -600,32 +614,14 @@ def run_vlm_npu_one(model_type: str, workdir: Path, layers: int | None = None) -
     layers = layers or VLM_NPU_LAYERS
     result: dict = {"model_type": model_type, "transformers": transformers.__version__, "layers": layers}
     seconds = result["seconds"] = {}
-    started = t0 = time.monotonic()
+    started = time.monotonic()
     model_dir, out = workdir / "model", workdir / "shared"
-    try:
-        build_released_multimodal(model_type, model_dir, layers=layers)
-    except Exception as err:  # noqa: BLE001
-        result["npu"] = f"released-width checkpoint build failed: {type(err).__name__}: {_first_line(err)}"
-        return result
-    seconds["build"] = round(time.monotonic() - t0, 1)
-    code, _, stderr, seconds["export"] = _command(
-        [_optimum_cli(), "export", "openvino", "-m", str(model_dir), "--task", "image-text-to-text-shared",
-         "--weight-format", NPU_WEIGHT_FORMAT, str(out)])
-    if code != 0:
-        result["npu"] = f"export refused at released widths: {_exception_line(stderr)}"
+    why = _vlm_built_and_exported(lambda: build_released_multimodal(model_type, model_dir, layers=layers), model_dir,
+                                  out, seconds, "--weight-format", NPU_WEIGHT_FORMAT)
+    if why:
+        result["npu"] = f"at released widths: {why}"
     else:
-        cmd = [sys.executable, "-m", "optimum_shared_graph", "validate", str(out), "--consumer", "genai-vlm", "--json",
-               "--device", "NPU"] + [a for k, v in NPU_ON_CPU.items() for a in ("-p", f"{k}={v}")]
-        code, stdout, stderr, seconds["genai-vlm NPU"] = _command(cmd)
-        try:
-            report = json.loads(stdout)
-        except ValueError:
-            report = {}
-        result["report"] = {k: report[k] for k in VLM_REPORT_KEYS if k in report}
-        try:
-            result["npu"] = _validate_cell(report) if code == 0 else f"failed: {_exception_line(stderr)}"
-        except (KeyError, TypeError):
-            result["npu"] = "passed"
+        result["npu"], result["report"], seconds["genai-vlm NPU"] = _vlm_validate(out, "genai-vlm", "NPU", NPU_ON_CPU)
     seconds["total"] = round(time.monotonic() - started, 1)
     return result
 

@@ -438,7 +438,7 @@ def _save_streamed(model, out_dir: str | Path) -> None:
     from transformers import GenerationConfig
     from transformers.core_model_loading import revert_weight_conversion
 
-    from .testing import _DRAWN
+    from .testing import is_drawn
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -464,7 +464,7 @@ def _save_streamed(model, out_dir: str | Path) -> None:
             for depth in range(len(parts), -1, -1):
                 model._init_weights(model.get_submodule(".".join(parts[:depth])))
             for name, param in module.named_parameters(recurse=False):  # as `draw_zero_initialised` draws them
-                if any(f"{path}.{name}".endswith(f".{drawn}") for drawn in _DRAWN.get(model.config.model_type, ())):
+                if is_drawn(model.config.model_type, f"{path}.{name}"):
                     param.normal_(mean=0.0, std=model.config.initializer_range)
             own = {f"{path}.{name}" if path else name: param.detach().to(torch.float16)
                    for name, param in module.named_parameters(recurse=False)}

@@ -411,7 +411,7 @@ _PUBLISHED_NAMES = {"qwen3_5": [("model.language_model.visual.", "model.visual."
 
 
 # Tensors transformers initialises to zero that a trained checkpoint holds drawn, redrawn from N(0, initializer_range)
-# by `build_tiny_model` and `released.build_released_width_model`: model type -> the tensors' paths under each decoder
+# by `build_tiny_model` and `released.build_released_width_model` (`is_drawn`): model type -> the tensors' paths under each decoder
 # layer. afmoe: AfmoePreTrainedModel._init_weights zeroes `mlp.router.gate`, so every expert scores sigmoid(0) = 0.5
 # for every token and the top-k is an exact tie, which PyTorch's topk and OpenVINO's TopK break differently (two valid
 # answers, two different outputs: the export's check refused it on a max |dlogits| of 0.54, while the graph is PyTorch
@@ -422,6 +422,11 @@ _DRAWN: dict[str, tuple[str, ...]] = {
     "afmoe": ("mlp.router.gate.weight",),
     "gpt_oss": ("mlp.experts.gate_up_proj_bias", "mlp.experts.down_proj_bias"),
 }
+
+
+def is_drawn(model_type: str, key: str) -> bool:
+    """Whether the checkpoint tensor `key` (a path in the model) is one of `model_type`'s `_DRAWN` tensors."""
+    return any(key.endswith(f".{drawn}") for drawn in _DRAWN.get(model_type, ()))
 
 
 def draw_zero_initialised(model, model_type: str) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import os
 import subprocess
 import threading
@@ -10,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from forked_commands import ForkedCommands
 from optimum_shared_graph.testing import npu_precision
 
 EXACT = {"KV_CACHE_PRECISION": "f32", "INFERENCE_PRECISION_HINT": "f32"}
@@ -235,14 +237,23 @@ def runtime_providers_declared():
     return {p.name: p for p in registry.installed_providers()}
 
 
+# commands forked from a process that has imported PyTorch, transformers, OpenVINO and NNCF (`forked_commands`):
+# each a process of its own, without a fresh interpreter's 10 to 16 s of imports
+FORKED = ForkedCommands()
+atexit.register(FORKED.close)
+
+
+def run_command(argv: list, *, cwd=None, timeout: float = 600) -> subprocess.CompletedProcess:
+    """Run `optimum-cli ...`, `python SCRIPT ...` or `python -m MODULE ...` as a process of its own, as a user does:
+    its exit code, stdout and stderr, in `cwd`, with this process's environment."""
+    return FORKED.run(argv, cwd=cwd, timeout=timeout)
+
+
 def run_cli(*args: str, check: bool = False, timeout: int = 600) -> subprocess.CompletedProcess:
-    """Run `optimum-cli` in a subprocess, as a user does."""
+    """Run `optimum-cli` as a process of its own, as a user does (`run_command`)."""
     env = dict(os.environ)
     env.pop("OPTIMUM_SHARED_GRAPH_DEBUG", None)
-    proc = subprocess.run(
-        [_optimum_cli(), *args],
-        capture_output=True, text=True, timeout=timeout, env=env,
-    )
+    proc = FORKED.run([_optimum_cli(), *args], env=env, timeout=timeout)
     if check and proc.returncode != 0:
         raise AssertionError(f"optimum-cli {' '.join(args)} failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
     return proc

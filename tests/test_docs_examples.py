@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import re
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from conftest import run_command
 
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -56,15 +57,14 @@ def test_page_examples(page, quantizable_model, tmp_path):  # int4 examples: gro
     for lang, code in _runnable(page):
         if lang == "bash":
             args = code.split()[1:]
-            proc = subprocess.run([str(Path(sys.executable).parent / "optimum-cli"), *args], cwd=tmp_path,
-                                  capture_output=True, text=True, timeout=600)
+            proc = run_command([Path(sys.executable).parent / "optimum-cli", *args], cwd=tmp_path, timeout=600)
             assert proc.returncode == 0, f"{code}\n{proc.stderr[-3000:]}"
         else:
             python_code.append(code)
     if python_code:
         script = tmp_path / "examples.py"
         script.write_text("\n\n".join(python_code))
-        proc = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=900)
+        proc = run_command([sys.executable, script], cwd=tmp_path, timeout=900)
         assert proc.returncode == 0, proc.stderr[-3000:]
 
 

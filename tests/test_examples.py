@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-import subprocess
 import sys
 from pathlib import Path
+
+from conftest import run_command
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -17,8 +18,7 @@ def test_quickstart(tmp_path):
         real = True
     except RealModelUnavailable:
         real = False
-    proc = subprocess.run([sys.executable, str(ROOT / "examples" / "quickstart.py"), str(tmp_path)],
-                          capture_output=True, text=True, timeout=600)
+    proc = run_command([sys.executable, ROOT / "examples" / "quickstart.py", tmp_path], timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "validation passed" in proc.stdout
     assert "greedy tokens identical to PyTorch: True" in proc.stdout

@@ -55,12 +55,12 @@ def make_plan(model: str, output_dir, opts: ExportOptions, *, task: str = TASK, 
               quantization_config: Callable[[], Any] | None = None) -> Plan:
     """Stage 1 of `task`'s export: every check that needs no weights, before optimum-intel loads the model (see the
     module)."""
-    register_tasks()
     if task == VLM_SHARED_TASK and opts.is_static:
         raise InvalidOptionsError(f"--task {VLM_SHARED_TASK} has no static shape mode yet: use --shape-mode dynamic")
     output = Path(output_dir).absolute()
     load.check_output(output)
-    config = load.load_config(model, opts)
+    config = load.load_config(model, opts)  # a path that is not a model is refused before optimum-intel is imported
+    register_tasks()
     weight_format = weight_format_of(quantization, opts.weight_format)  # both tasks: the one rule, decided once
     if task == VLM_SHARED_TASK:
         return _vision_language_plan(model, output, config, opts, weight_format, quantization, quantization_config)

@@ -2,11 +2,13 @@
 
 A fresh `optimum-cli` pays for importing PyTorch, transformers, optimum-intel, OpenVINO and NNCF before it reads its first
 argument: 10 to 16 s of CPU on the project's 2-core hosts, most of a bad-input test. `ForkedCommands` starts one
-server process per test process that imports PyTorch and transformers (nothing of optimum or of this package, so the command's
-own start-up, the `optimum-cli` hook and its registration, runs in every command as it runs for a user), then
-forks a child per command. The child is a process of its own: its argv, environment, working directory, stdin
+server process per test process that imports PyTorch, transformers and optimum-intel's exporter (nothing of this
+package, so the command's own start-up, the `optimum-cli` hook and the task's registration, runs in every command),
+then forks a child per command. The child is a process of its own: its argv, environment, working directory, stdin
 from /dev/null, stdout and stderr to files, its exit code (negative for a signal, as `subprocess` reports it),
-and the interpreter's own exit path (an uncaught exception prints its traceback and exits 1, `atexit` runs).
+and the interpreter's exit (an uncaught exception prints its traceback and exits 1, `SystemExit` as the interpreter
+reads it, non-daemon threads joined, `atexit` handlers run) without the teardown of every module, the 2.5 s a
+process that has imported PyTorch spends after its command here.
 
 Run as a script, this module is the server: one JSON request per line on stdin, one JSON reply per line on stdout.
 """
@@ -21,9 +23,11 @@ import threading
 import time
 from pathlib import Path
 
-# what costs a fresh `optimum-cli export openvino` most of its start-up (about 10 of its 14.6 s here): OpenVINO and
-# NNCF are not among them (0.6 s; OpenVINO's telemetry starts a thread as it is imported, which a fork would lose)
-PRELOADED = ("torch", "transformers.modeling_utils")
+# what a fresh `optimum-cli export openvino` spends most of its start-up importing (13 of its 15 s here), nothing of
+# this package: the command's own start-up (the `optimum-cli` hook, this package's registration) runs in every child.
+# OpenVINO's telemetry starts a thread of a `ThreadPoolExecutor` as it is imported; a forked child has no copy of it
+# (CPython marks it stopped at the fork), so the telemetry events a child submits are queued and dropped.
+PRELOADED = ("torch", "transformers.modeling_utils", "optimum.exporters.openvino", "optimum.intel.openvino")
 
 
 class ForkedCommands:
@@ -68,9 +72,7 @@ class ForkedCommands:
 
 
 def _child(request: dict) -> None:
-    """In the forked child: become the command, run it, and leave through the interpreter's own exit."""
-    import runpy
-
+    """In the forked child: become the command, run it, and exit as the interpreter does."""
     os.chdir(request["cwd"])
     os.environ.clear()
     os.environ.update(request["env"])
@@ -82,20 +84,43 @@ def _child(request: dict) -> None:
     sys.stdin = open(0, closefd=False)
     sys.stdout = open(1, "w", closefd=False)
     sys.stderr = open(2, "w", closefd=False)
-    argv = request["argv"]
-    # sys.path[0] as the interpreter sets it: the script's directory, or the working directory for `-m`
+    try:
+        _command(request["argv"])
+        code = 0
+    except SystemExit as exit_:  # as the interpreter reads it: None is 0, a message is printed and exits 1
+        code = exit_.code if isinstance(exit_.code, int) else 0 if exit_.code is None else 1
+        if not isinstance(exit_.code, int) and exit_.code is not None:
+            print(exit_.code, file=sys.stderr)
+    except BaseException:  # an uncaught exception: its traceback, exit code 1
+        sys.excepthook(*sys.exc_info())
+        code = 1
+    # the interpreter's exit (non-daemon threads joined, `atexit` handlers, streams flushed) without its teardown of
+    # every module, which costs a process that has imported PyTorch 2.3 to 2.7 s here after every command
+    threading._shutdown()
+    import atexit
+
+    atexit._run_exitfuncs()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def _command(argv: list[str]) -> None:
+    """`optimum-cli ARGS`, `python -m MODULE ARGS` or `python SCRIPT ARGS`, with sys.argv and sys.path[0] as the
+    interpreter sets them (the script's directory, or the working directory for `-m`)."""
+    import runpy
+
     if Path(argv[0]).name == "optimum-cli":  # the console script: `sys.exit(main())`
         from optimum.commands.optimum_cli import main
 
         sys.path[0], sys.argv = str(Path(argv[0]).parent), argv
         sys.exit(main())
-    if argv[1:2] == ["-m"]:  # python -m MODULE ARGS
+    if argv[1:2] == ["-m"]:
         sys.path[0], sys.argv = os.getcwd(), [argv[2], *argv[3:]]
         runpy.run_module(argv[2], run_name="__main__", alter_sys=True)
-    else:  # python SCRIPT ARGS
+    else:
         sys.path[0], sys.argv = str(Path(argv[1]).resolve().parent), argv[1:]
         runpy.run_path(argv[1], run_name="__main__")
-    sys.exit(0)
 
 
 def _serve() -> None:
@@ -103,7 +128,6 @@ def _serve() -> None:
 
     for name in PRELOADED:
         importlib.import_module(name)
-    assert threading.active_count() == 1, "a preloaded library started a thread: forking it would be unsafe"
     replies = sys.stdout
     for line in sys.stdin:
         request = json.loads(line)
@@ -111,7 +135,7 @@ def _serve() -> None:
         sys.stderr.flush()
         pid = os.fork()
         if pid == 0:
-            _child(request)  # leaves through SystemExit: the interpreter's own exit
+            _child(request)  # never returns
         deadline, status = time.monotonic() + request["timeout"], None
         while status is None:
             done, code = os.waitpid(pid, os.WNOHANG)

@@ -65,7 +65,7 @@ PADDED_BATCH_THROUGH_GENAI_ONLY = {"zamba2"}
 # static too), and a hybrid with linear-attention state beside a KV cache. The rest: `pytest -m coverage`. (The
 # sequence-to-sequence decoders' configs are checked in the default run, their exports, ~50 s each with the static
 # one, under `-m coverage`.)
-DEFAULT_RUN = {"deepseek_v2", "qwen3_next"}
+DEFAULT_RUN = {"deepseek_v2"}  # qwen3_next: 40 s, under `-m slow` (the suite's budget on a 2-core host)
 
 # Greedy parity through OpenVINO GenAI's NPU pipeline too (NPUW, its partitions on the CPU), computing in f16 as an
 # NPU does (NPU_PRECISION; its KV cache f16 too): its tokens are judged against PyTorch's logits as `validate()`
@@ -451,6 +451,7 @@ def test_gemma4_dummy_cache_has_the_layers_pytorch_caches(shared):
                         else config.num_hidden_layers)
 
 
+@pytest.mark.slow  # an export through optimum-cli: 12 s
 def test_gemma4_with_more_kv_shared_layers_than_layers_exports_and_validates(tmp_path):
     """`num_kv_shared_layers` 5 of 4 layers, which PyTorch runs with every layer's own cache: the export (optimum-cli
     in a subprocess) declares and traces a key and a value per layer, and validates (optimum-intel's config declared

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+import subprocess
+import sys
 import textwrap
 
 import pytest
@@ -46,6 +48,19 @@ def test_missing_model_path(tmp_path, out_dir):
     assert proc.returncode != 0
     assert "does not exist" in error_line(proc)
     _assert_unchanged(out_dir, before)
+
+
+def test_a_missing_model_path_is_refused_before_optimum_intels_exporter_is_imported(tmp_path):
+    # a fresh interpreter, as a user's: the exporter's imports are most of a fresh command's 15 s on a 2-core host
+    code = ("import sys\nfrom optimum.commands.optimum_cli import main\n"
+            "sys.argv = ['optimum-cli', 'export', 'openvino', '-m', sys.argv[1], '--task', 'text-generation-shared', "
+            "sys.argv[2]]\ntry:\n    main()\nexcept SystemExit as exit_:\n"
+            "    print(exit_.code, 'optimum.exporters.openvino' in sys.modules)\n")
+    proc = subprocess.run([sys.executable, "-c", code, str(tmp_path / "no-such-model"), str(tmp_path / "out")],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.stdout.split() == ["2", "False"], proc.stdout + proc.stderr[-2000:]
+    assert "does not exist" in error_line(proc)
+    assert not (tmp_path / "out").exists()
 
 
 def test_model_path_naming_a_file(tiny_model, tmp_path, out_dir):
@@ -219,7 +234,8 @@ def test_int4_group_size_that_does_not_divide_a_width(tiny_model, out_dir, tmp_p
 @pytest.mark.parametrize("flags", [
     ["--awq", "--scale-estimation", "--dataset", "CALIBRATION"],
     ["--shape-mode", "static", "--max-cache-len", "64"],
-    ["--shape-mode", "static", "--max-cache-len", "64", "--awq", "--dataset", "CALIBRATION"],
+    pytest.param(["--shape-mode", "static", "--max-cache-len", "64", "--awq", "--dataset", "CALIBRATION"],
+                 marks=pytest.mark.slow),  # the two paths it joins stay in the default run
 ], ids=["awq", "static", "static-awq"])
 def test_int4_group_size_refused_in_every_quantization_path(flags, tiny_model, out_dir, tmp_path):
     """The NPU form of int4 (--sym --ratio 1.0) with a group size a width does not divide, where the graph is

@@ -96,6 +96,7 @@ def test_int8_calibrates_on_prefill_and_decode(export, quantizable_model):
     assert agreement["teacher_forced"] >= 0.6, agreement
 
 
+@pytest.mark.slow  # 16 s: an opt-in path (weight compression calibrates on prefill calls by default)
 def test_int4_awq_calibrates_on_prefill_and_decode(export, quantizable_model):
     out = export("int4-awq", "--weight-format", "int4", "--awq", "--group-size", "64", "--ratio", "1.0",
                  "--calibration-decode-steps", str(DECODE_STEPS))
@@ -109,6 +110,7 @@ def test_int4_awq_calibrates_on_prefill_and_decode(export, quantizable_model):
     assert agreement["teacher_forced"] >= 0.4, agreement
 
 
+@pytest.mark.slow  # an export of its own: 14 to 18 s
 def test_npu_ready_int4_awq_runs_through_the_npu_pipeline(export):
     """The NPU pipeline's form of int4 (symmetric, channel-wise, ratio 1.0), data-aware: the KV state stays f32
     (optimum-intel gave the stateless graph's KV the CPU's bf16 on load, saved with the quantized graph behind
@@ -225,6 +227,7 @@ def _ids_so_far(samples, key):
     return np.concatenate([text["ids"], text["tokens"][:, :step]], axis=1)
 
 
+@pytest.mark.slow  # an export of its own: 14 to 18 s
 def test_quiet_calibration_shows_no_bars_and_no_reexport_warning(quantizable_model, dataset_file, tmp_path):
     """With --quiet NNCF's bars (rich) are off too; optimum-intel's "please reexport" warning on loading a
     stateless graph is never shown: ours is stateless on purpose and made stateful after."""
@@ -236,6 +239,7 @@ def test_quiet_calibration_shows_no_bars_and_no_reexport_warning(quantizable_mod
     assert "Statistics collection" not in proc.stderr and "Smooth Quant" not in proc.stderr, proc.stderr[-2000:]
 
 
+@pytest.mark.slow  # an export of its own: 14 to 18 s
 def test_prefill_only_and_stateless(export):
     out = export("int8-prefill-only-stateless", "--quant-mode", "int8", "--calibration-decode-steps", "0",
                  "--disable-stateful")
@@ -341,6 +345,7 @@ def test_mlp_output_matmuls_are_the_down_projections():
     assert mlp_output_matmuls(model) == ["down", "fc2"]
 
 
+@pytest.mark.slow  # an export of its own: 14 to 18 s
 def test_int8_leaves_the_down_projections_in_float(export):
     """`--quant-mode int8` on a text graph: the MLPs' down projections read float activations (NNCF's ignored scope),
     every other MatMul with a weight int8 ones; the manifest names them; weight compression is untouched."""

@@ -5,11 +5,14 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import pytest
+
 from conftest import run_command
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.slow  # 55 to 63 s: the README's first command runs it; the default run checks its parts (test_real_model.py)
 def test_quickstart(tmp_path):
     from optimum_shared_graph.testing import RealModelUnavailable, real_model
 

@@ -62,7 +62,8 @@ def _counted_export(model: Path, out: Path, **options) -> dict:
     pytest.param({}, marks=pytest.mark.slow, id="default"),  # an fp16 checkpoint loads in fp16 as with fp16
     pytest.param({"weight_format": "fp16"}, id="fp16"),
     pytest.param({"weight_format": "int8"}, id="int8", marks=pytest.mark.slow),  # the fp16 and static cases stay
-    pytest.param({"shape_mode": "static", "max_cache_len": 48, "static_query_len": 4}, id="static"),
+    pytest.param({"shape_mode": "static", "max_cache_len": 48, "static_query_len": 4}, id="static",
+                 marks=pytest.mark.slow),
 ])
 def test_an_export_loads_the_weights_once_in_optimum_intels_dtype(fp16_model, tmp_path, options):
     result = _counted_export(fp16_model, tmp_path / "ov", **options)
@@ -130,6 +131,7 @@ AutoModelForCausalLM.from_pretrained(sys.argv[1], torch_dtype=torch.float32)
 """
 
 
+@pytest.mark.slow  # a fresh export process and a control load: 14 s
 def test_the_export_s_own_loading_uses_dtype_not_the_deprecated_torch_dtype(tiny_model, tmp_path):
     """transformers 5 warns "`torch_dtype` is deprecated" (once per process, on stderr) when a load passes it;
     the export's own loading (a remote-code wrapper's, `pipeline/load.py`) and the test models' (`testing.py`)

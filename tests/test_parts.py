@@ -35,7 +35,7 @@ def test_a_budget_above_the_weights_is_one_part(qwen3):
     assert plan.count == 1 and plan.part_bytes == [plan.total_bytes]
 
 
-@pytest.mark.parametrize("fraction", [0.6, 0.3, 0.15, 0.0])
+@pytest.mark.parametrize("fraction", [0.6, 0.3, 0.15, pytest.param(0.0, marks=pytest.mark.slow)])  # 0.0: 17 s
 def test_parts_give_the_whole_graphs_logits(qwen3, fraction):
     graph, capture = qwen3
     plan = plan_parts(graph, int(fraction * plan_parts(graph, 10**12).total_bytes))

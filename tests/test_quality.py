@@ -1,8 +1,9 @@
 """Quality on a trained model: the CI-sized model `benchmarks/train_small.py` trains on the Python
 standard library's sources, held-out perplexity of exported artifacts against PyTorch fp32.
 
-The model is trained once and cached in pytest's cache directory (`.pytest_cache/`, reused while its
-stamp matches: configuration, corpus digest, seed, steps). docs/quality.md has the full-size figures.
+The model is trained once per machine and cached beside the real model (`testing.models_dir()`, reused while
+its stamp matches: configuration, corpus digest, seed, steps, library versions), so a fresh clone does not train
+it again. docs/quality.md has the full-size figures.
 """
 
 from __future__ import annotations
@@ -33,10 +34,10 @@ INT8_BOUND = 0.0025
 
 
 @pytest.fixture(scope="module")
-def trained(request, tmp_path_factory) -> Path:
-    cache = getattr(request.config, "cache", None)  # None under -p no:cacheprovider
-    root = cache.mkdir("trained-models") if cache is not None else tmp_path_factory.mktemp("trained")
-    return train_small.ensure("ci", root / "ci", quiet=True)
+def trained() -> Path:
+    from optimum_shared_graph.testing import models_dir
+
+    return train_small.ensure("ci", models_dir() / "trained-ci", quiet=True)
 
 
 @pytest.fixture(scope="module")

@@ -110,7 +110,8 @@ def test_static_parity_across_architectures(model_type, tiny_model, tmp_path):
 # 1 (right over a dynamic cache, wrong over a static one, whose keys include slots not yet written), GPT-Neo's own
 # `_attn` takes its causal / local-window rows as the last keys (gpt_neo with a window of 8, shorter than the
 # prompts + new tokens), and optimum-intel's granitemoe experts split the tokens by data-dependent sizes
-@pytest.mark.parametrize("model_type,query_len,overrides", [("codegen", 1, {}), ("gptj", 1, {}),
+@pytest.mark.parametrize("model_type,query_len,overrides", [("codegen", 1, {}),
+                                                            pytest.param("gptj", 1, {}, marks=pytest.mark.slow),  # codegen's form
                                                             ("gpt_neo", 4, {"window_size": 8}), ("granitemoe", 4, {})])
 def test_static_parity_at_batch_one_with_static_forms(model_type, query_len, overrides, tiny_model, tmp_path):
     from transformers import AutoModelForCausalLM
@@ -364,7 +365,8 @@ def _compressed_weights(xml) -> dict[str, list[list[int]]]:
 
 
 @pytest.mark.parametrize("flags,check", [
-    (["--weight-format", "int8"], lambda w: "u8" in w and not ({"u4", "i4"} & set(w))),
+    pytest.param(["--weight-format", "int8"], lambda w: "u8" in w and not ({"u4", "i4"} & set(w)),
+                 marks=pytest.mark.slow),  # the same path as int4's, 11 s
     # optimum-intel's own flags reach NNCF: a group size of 32 (default 128) and symmetric int4
     (["--weight-format", "int4", "--group-size", "32", "--sym", "--ratio", "1.0"],
      lambda w: "i4" in w and all(shape[-1] == 32 for shape in w["i4"] if len(shape) == 3)),

@@ -134,6 +134,7 @@ def test_fp16_deepseek_v2_routes_with_its_gate_weights(tiny_model, tmp_path):
     assert max(validation["max_abs_diff_prefill"], validation["max_abs_diff_decode"]) < 1e-4, validation
 
 
+@pytest.mark.slow  # 11 to 17 s; the default run keeps a sliding window through NPUW (test_sliding_window.py)
 def test_fp16_cohere2_runs_through_npuw(tiny_model, tmp_path):
     """GenAI's NPU pipeline (NPUW on the CPU, f16 compute) runs the fp16 artifact of a model with sliding-window
     layers, greedy tokens judged against PyTorch by the margins. With the kept-exact rotary frequencies as

@@ -411,8 +411,8 @@ _PUBLISHED_NAMES = {"qwen3_5": [("model.language_model.visual.", "model.visual."
 
 
 # Tensors transformers initialises to zero that a trained checkpoint holds drawn, redrawn from N(0, initializer_range)
-# by `build_tiny_model` and `released.build_released_width_model` (`is_drawn`): model type -> the tensors' paths under each decoder
-# layer. afmoe: AfmoePreTrainedModel._init_weights zeroes `mlp.router.gate`, so every expert scores sigmoid(0) = 0.5
+# by `build_tiny_model` and `released.build_released_width_model` (`is_drawn`): model type -> the tensors' paths under
+# each decoder layer. afmoe: AfmoePreTrainedModel._init_weights zeroes `mlp.router.gate`, so every expert scores sigmoid(0) = 0.5
 # for every token and the top-k is an exact tie, which PyTorch's topk and OpenVINO's TopK break differently (two valid
 # answers, two different outputs: the export's check refused it on a max |dlogits| of 0.54, while the graph is PyTorch
 # to 1.7e-06 once the tie is broken alike). A trained router has no such tie, and neither has the tiny model once its

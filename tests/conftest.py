@@ -237,8 +237,8 @@ def runtime_providers_declared():
     return {p.name: p for p in registry.installed_providers()}
 
 
-# commands forked from a process that has imported PyTorch, transformers, OpenVINO and NNCF (`forked_commands`):
-# each a process of its own, without a fresh interpreter's 10 to 16 s of imports
+# commands forked from a process that has imported PyTorch, transformers and optimum-intel's exporter
+# (`forked_commands`): each a process of its own, without a fresh interpreter's 10 to 16 s of imports
 FORKED = ForkedCommands()
 atexit.register(FORKED.close)
 

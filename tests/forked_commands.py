@@ -1,7 +1,7 @@
 """Commands as processes of their own, forked from a Python process that has already imported the heavy libraries.
 
-A fresh `optimum-cli` pays for importing PyTorch, transformers, optimum-intel, OpenVINO and NNCF before it reads its first
-argument: 10 to 16 s of CPU on the project's 2-core hosts, most of a bad-input test. `ForkedCommands` starts one
+A fresh `optimum-cli` pays for importing PyTorch, transformers, optimum-intel, OpenVINO and NNCF before it reads its
+first argument: 10 to 16 s of CPU on the project's 2-core hosts, most of a bad-input test. `ForkedCommands` starts one
 server process per test process that imports PyTorch, transformers and optimum-intel's exporter (nothing of this
 package, so the command's own start-up, the `optimum-cli` hook and the task's registration, runs in every command),
 then forks a child per command. The child is a process of its own: its argv, environment, working directory, stdin
@@ -88,9 +88,10 @@ def _child(request: dict) -> None:
         _command(request["argv"])
         code = 0
     except SystemExit as exit_:  # as the interpreter reads it: None is 0, a message is printed and exits 1
-        code = exit_.code if isinstance(exit_.code, int) else 0 if exit_.code is None else 1
-        if not isinstance(exit_.code, int) and exit_.code is not None:
-            print(exit_.code, file=sys.stderr)
+        code = 0 if exit_.code is None else exit_.code
+        if not isinstance(code, int):
+            print(code, file=sys.stderr)
+            code = 1
     except BaseException:  # an uncaught exception: its traceback, exit code 1
         sys.excepthook(*sys.exc_info())
         code = 1

@@ -21,7 +21,8 @@ from conftest import break_decode
 import optimum_shared_graph as osg
 from optimum_shared_graph import ExportValidationError
 from optimum_shared_graph.pipeline import memory
-from optimum_shared_graph.pipeline.vlm import LANGUAGE_XML, capture_reference, validate_parts
+from optimum_shared_graph.pipeline.vlm import LANGUAGE_XML, capture_reference, parts_inputs, validate_parts
+from optimum_shared_graph.pipeline.vlm_reference import processor_validation_inputs
 
 TASK = "image-text-to-text-shared"
 # What a part may hold here: the tiny language models' graphs (1.7 MB for qwen3_5_moe) run in several parts
@@ -58,7 +59,8 @@ def _reference(path: Path, tokens: int):
     from transformers import AutoModelForImageTextToText
 
     model = AutoModelForImageTextToText.from_pretrained(path, dtype=torch.float32).eval()
-    return capture_reference(model, tokens)
+    processed, _image, _why = processor_validation_inputs(path)
+    return capture_reference(model, tokens, parts_inputs(model.config, processed))  # what the export ran
 
 
 def _whole(monkeypatch):

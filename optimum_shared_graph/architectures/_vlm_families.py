@@ -58,6 +58,9 @@ class Family:
     image_module = ""
     vision_modules: tuple[str, ...] = ()
     language_module = "model.language_model"  # whose calls are recorded
+    # the processor resizes every image to what the drawn validation image is (one `image_size` x `image_size`
+    # image): its inputs validate the same graphs, so the export's one generate() runs on them (`pipeline/vlm.py`)
+    processor_image_as_drawn = False
 
     def validation_inputs(self, config, seed: int = 0) -> dict[str, Any]:
         raise NotImplementedError
@@ -303,6 +306,7 @@ class Gemma3(_ProjectedImage):
     which it attends bidirectionally within an image at the prefill."""
 
     model_types = ("gemma3",)
+    processor_image_as_drawn = True
 
     def image_tokens(self, config):
         image = [config.boi_token_id] + [config.image_token_id] * config.mm_tokens_per_image + [config.eoi_token_id]
@@ -323,6 +327,7 @@ class LLaVA(_ProjectedImage):
     projected to one image token each (`image_seq_length` of them)."""
 
     model_types = ("llava",)
+    processor_image_as_drawn = True
 
     def image_tokens(self, config):
         vision = config.vision_config

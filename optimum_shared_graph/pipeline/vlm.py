@@ -32,7 +32,7 @@ optimum-intel's own export (its configs, its file names, its tokenizer conversio
    embeddings merged in at the image tokens, then each greedy token's OpenVINO embedding), judged against
    PyTorch's logits with the rules of text-generation-shared's validation (`proof/judge.py`);
 5. the manifest (`task: image-text-to-text-shared`) and the artifact moved into place, as for a text model, with
-   the reference `validate()` runs (`vlm_reference.py`: recorded in `on_model` through the checkpoint's processor).
+   the reference `validate()` runs (`vlm_reference.py`: the `generate()` of item 3, through the checkpoint's processor).
 
 `run_vlm_export()` runs them as `export.run_export()` runs the text task's, with its stage numbers: 1, the plan (`plan.py`'s
 `make_plan`, the same `Plan`: the checks that need no weights, the weight format decided by the one rule of both
@@ -47,8 +47,10 @@ compressed graph against PyTorch, as for any compressed weights.
 What differs from family to family in items 3 and 4 (the validation image and prompt, where the image embeddings
 are, the language model's inputs, how the vision graphs run) is an `architectures._vlm_families.Family`, beside
 the other per-family knowledge; its model types are the ones this task exports (`architectures.supported_vlm_types`).
-The validation image needs no processor: its pixels are drawn (seeded) in the processor's output layout and the
-prompt is built from the configuration's image token ids.
+The validation image and prompt go through the checkpoint's processor and chat template where it has them
+(`vlm_reference.processor_validation_inputs`): then the one `generate()` of item 3 is also the reference `validate()`
+runs. A checkpoint without a processor is validated all the same: the image's pixels are drawn (seeded) in the
+processor's output layout and the prompt is built from the configuration's image token ids (`validation_inputs`).
 """
 
 from __future__ import annotations
@@ -85,6 +87,7 @@ class Reference:
     # each language model call: its graph inputs but beam_idx (`Family.call_inputs`), inputs_embeds, logits
     calls: list[dict[str, np.ndarray]] = field(default_factory=list)
     tokens: list[int] = field(default_factory=list)  # generate()'s greedy picks
+    generated_logits: np.ndarray | None = None  # (picks, 1, vocab): the logits generate() picked each from
     architecture: str = ""
     notes: list[str] = field(default_factory=list)
 
@@ -98,13 +101,24 @@ def validation_inputs(config, seed: int = 0) -> dict[str, Any]:
     return family_of(config.model_type).validation_inputs(config, seed)
 
 
-def capture_reference(pt_model, new_tokens: int) -> Reference:
-    """PyTorch's greedy `generate()` on the validation image and prompt, each language model call recorded."""
+def parts_inputs(config, processed: dict[str, Any] | None) -> dict[str, Any]:
+    """What the parts are validated on: `processed` (the checkpoint's processor's inputs of the validation image and
+    prompt, `vlm_reference.processor_validation_inputs`) where the family's processor makes the drawn image's layout
+    (`Family.processor_image_as_drawn`), so one `generate()` serves both references; else the drawn ones."""
+    if processed is not None and family_of(config.model_type).processor_image_as_drawn:
+        return processed
+    return validation_inputs(config)
+
+
+def capture_reference(pt_model, new_tokens: int, inputs: dict[str, Any] | None = None) -> Reference:
+    """PyTorch's greedy `generate()` on `inputs` (what the checkpoint's processor made of the validation image and
+    prompt; by default the family's drawn ones, `validation_inputs`), each language model call recorded, and the
+    logits of each pick as `generate()` returned them (`vlm_reference.greedy_generate`)."""
     import torch
 
     config = pt_model.config
     family = family_of(config.model_type)
-    inputs = validation_inputs(config)
+    inputs = dict(inputs) if inputs is not None else validation_inputs(config)
     language = pt_model.get_submodule(family.language_module)
     calls: list[dict[str, np.ndarray]] = []
     outer: list[dict[str, Any]] = []
@@ -129,21 +143,19 @@ def capture_reference(pt_model, new_tokens: int) -> Reference:
              pt_model.lm_head.register_forward_hook(after)]
     if family.image_module:
         hooks.append(pt_model.get_submodule(family.image_module).register_forward_hook(vision))
-    try:
-        with torch.no_grad():  # the vision tower runs inside generate(), under the float32 compute of a 16-bit model
-            out = pt_model.generate(**inputs, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False,
-                                    num_beams=1, pad_token_id=0)
+    try:  # the vision tower runs inside generate(), under the float32 compute of a 16-bit model
+        tokens, logits = vlm_reference.greedy_generate(pt_model, inputs, new_tokens)
+        with torch.no_grad():
             text = pt_model.get_input_embeddings()(inputs["input_ids"]).float().numpy()
     finally:
         for hook in hooks:
             hook.remove()
-    prompt = inputs["input_ids"].shape[1]
     if not family.image_module:  # the prefill's embeddings at the image tokens
         images = [calls[0]["inputs_embeds"][inputs["input_ids"].numpy() == config.image_token_id]]
     return Reference(
-        model_type=config.model_type, inputs={k: v.numpy() for k, v in inputs.items()},
-        image_embeds=np.concatenate(images, axis=0), text_embeds=text, calls=calls, tokens=out[0, prompt:].tolist(),
-        architecture=type(pt_model).__name__,
+        model_type=config.model_type, inputs={k: np.asarray(v) for k, v in inputs.items()},
+        image_embeds=np.concatenate(images, axis=0), text_embeds=text, calls=calls,
+        tokens=tokens, architecture=type(pt_model).__name__, generated_logits=logits,
     )
 
 
@@ -376,10 +388,18 @@ class _VlmExport:
             tokens = opts.validation_new_tokens  # planned (`plan.VLM_NEW_TOKENS` where the options leave it open)
             from .decompose import is_16bit
 
-            def capture():  # the parts' reference, then validate()'s through the checkpoint's processor
-                reference = capture_reference(pt_model, tokens)
-                self.stored, self.stored_missing = vlm_reference.capture(pt_model, self.plan.model, tokens,
-                                                                         opts.trust_remote_code)
+            def capture():  # the parts' reference, and validate()'s through the checkpoint's processor
+                inputs, image, why = vlm_reference.processor_validation_inputs(self.plan.model, opts.trust_remote_code)
+                validated_on = parts_inputs(pt_model.config, inputs)
+                both = validated_on is inputs  # one generate() for both references, else one on each
+                reference = capture_reference(pt_model, tokens, validated_on)
+                if inputs is None:
+                    self.stored, self.stored_missing = None, why
+                    return reference
+                picks, logits = ((reference.tokens, reference.generated_logits) if both
+                                 else vlm_reference.greedy_generate(pt_model, inputs, tokens))
+                self.stored = vlm_reference.recorded({k: np.asarray(v) for k, v in inputs.items()}, image, picks,
+                                                     logits)
                 return reference
 
             if is_16bit(pt_model):  # the graph computes in float32 with the 16-bit weights: so does the reference

@@ -2,10 +2,11 @@
 
 At export, before optimum-intel converts the PyTorch model it loaded (`vlm._VlmExport.on_model`, inside the
 float32 compute of a 16-bit model), the whole model's greedy `generate()` runs on the generated validation image
-and prompt, turned into its inputs by the checkpoint's own processor and chat template, with each call's logits
-(`output_logits=True`). No family-specific code: the processor and `generate()` are the model's own. The
-checkpoint's generation config is set aside for the call (no sampling, penalties or EOS of its own), so each
-pick is the argmax of the logits recorded and every call runs.
+and prompt, turned into its inputs by the checkpoint's own processor and chat template
+(`processor_validation_inputs`): the one `generate()` the export validates its parts on (`vlm.capture_reference`)
+and whose picks and logits per pick (`output_logits=True`) are stored here (`recorded`). No family-specific code:
+the processor and `generate()` are the model's own. The checkpoint's generation config is set aside for the call
+(no sampling, penalties or EOS of its own), so each pick is the argmax of the logits recorded and every call runs.
 
 Stored (`shared_graph_reference.npz`, `validation.reference` in the manifest) with PyTorch's logits where the
 export's check was enforced (fp32 and fp16 weights), with the exported model's own for compressed weights (as a
@@ -23,33 +24,46 @@ from ..proof.stored import Reference
 from ..proof.vlm import PROMPT, image_side, load_processor, processor_inputs, validation_image
 
 
-def capture(pt_model, source, new_tokens: int, trust_remote_code: bool = False) -> tuple[Reference | None, str | None]:
-    """`(reference, None)`: PyTorch's greedy `generate()` of `new_tokens` on the validation image and prompt through
-    the processor of `source` (the checkpoint); `(None, why)` where it has no processor to record through."""
+def processor_validation_inputs(source, trust_remote_code: bool = False):
+    """`(inputs, image, None)`: the validation image and prompt turned into the model's inputs (PyTorch tensors) by
+    the processor of `source` (the checkpoint) through its chat template; `(None, None, why)` where it has no
+    processor to record through."""
+    processor, why = load_processor(source, trust_remote_code)
+    if processor is None:
+        return None, None, (f"{why}, so no image and prompt were recorded at export: re-export from the checkpoint "
+                            "directory with its processor files (preprocessor_config.json, the tokenizer and its chat "
+                            "template) to get one")
+    image = validation_image(side=image_side(processor))
+    return processor_inputs(processor, image, PROMPT), image, None
+
+
+def greedy_generate(pt_model, inputs: dict, new_tokens: int) -> tuple[list[int], np.ndarray]:
+    """PyTorch's greedy `generate()` of `new_tokens` on `inputs`, the model's generation config set aside (no
+    sampling, penalties or EOS of its own: each pick is the argmax of its logits, every call runs): the picks, and
+    the logits of each (picks, 1, vocab)."""
     import torch
     from transformers import GenerationConfig
 
-    processor, why = load_processor(source, trust_remote_code)
-    if processor is None:
-        return None, (f"{why}, so no image and prompt were recorded at export: re-export from the checkpoint "
-                      "directory with its processor files (preprocessor_config.json, the tokenizer and its chat "
-                      "template) to get one")
-    image = validation_image(side=image_side(processor))
-    inputs = processor_inputs(processor, image, PROMPT)
     saved = pt_model.generation_config
-    pt_model.generation_config = GenerationConfig()  # the checkpoint's sampling, penalties and EOS set aside
+    pt_model.generation_config = GenerationConfig()
     try:
         with torch.no_grad():
             out = pt_model.generate(**inputs, do_sample=False, num_beams=1, max_new_tokens=new_tokens,
-                                    output_logits=True, return_dict_in_generate=True, pad_token_id=0)
+                                    min_new_tokens=new_tokens, output_logits=True, return_dict_in_generate=True,
+                                    pad_token_id=0)
     finally:
         pt_model.generation_config = saved
-    prompt = inputs["input_ids"].shape[1]
-    return Reference(prompt_ids=inputs["input_ids"].numpy().astype(np.int64),
-                     prompt_mask=inputs["attention_mask"].numpy().astype(np.int64),
-                     fed=out.sequences[:, prompt:].numpy().astype(np.int64),
-                     logits=np.stack([step.float().numpy() for step in out.logits]),
-                     image=image, prompt=PROMPT), None
+    picks = out.sequences[0, inputs["input_ids"].shape[1]:].tolist()
+    return picks, np.stack([step.float().numpy() for step in out.logits])
+
+
+def recorded(inputs: dict, image: np.ndarray, tokens: list[int], logits: np.ndarray) -> Reference:
+    """validate()'s reference: the processor's `inputs` of `image` and the prompt, the greedy `tokens` PyTorch's
+    `generate()` picked on them and the `logits` of each pick (`greedy_generate`)."""
+    return Reference(prompt_ids=np.asarray(inputs["input_ids"], dtype=np.int64),
+                     prompt_mask=np.asarray(inputs["attention_mask"], dtype=np.int64),
+                     fed=np.asarray([tokens], dtype=np.int64), logits=np.asarray(logits, dtype=np.float32),
+                     image=image, prompt=PROMPT)
 
 
 def check_image_token(source, config, trust_remote_code: bool = False) -> None:

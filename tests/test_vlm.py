@@ -478,6 +478,15 @@ def test_registered_and_fix_swapped_in_for_one_export():
             config = entries["image-text-to-text"](tiny_multimodal_config(model_type))
             assert config.MAX_TRANSFORMERS_VERSION is None
             assert config.with_behavior("language").patcher_cls.__name__ == "Qwen3_5LanguagePatcher"
+            # the vision merger traced on 4 x 4 merged patches per dummy frame (optimum-intel's batch of 2 frames),
+            # not optimum-intel's 420 x 420 (`qwen3_5.vlm_export_config`); the other parts' dummies unchanged
+            vision = config._orig_config.vision_config
+            per_side = 4 * vision.spatial_merge_size
+            merger = config.with_behavior("vision_embeddings_merger").generate_dummy_inputs(framework="pt", batch_size=2)
+            assert merger["hidden_states"].shape[0] == 2 * per_side ** 2
+            assert merger["attention_mask"].shape[1:] == (2 * per_side ** 2,) * 2
+            embeddings = config.with_behavior("vision_embeddings").generate_dummy_inputs(framework="pt", batch_size=2)
+            assert embeddings["hidden_states"].shape[0] == 2 * (420 // vision.patch_size) ** 2
         assert entries["image-text-to-text"] is original
 
 

@@ -106,12 +106,13 @@ def _label(weights: dict[str, str]) -> str:
     return weights["--weight-format"] + (f", group size {size}" if size else "")
 
 
-def export(model: Path, out: Path, task: str, limit_gib: float | None, log: Path) -> dict:
-    """One `optimum-cli export openvino` (`WEIGHTS`) under `limit_gib`: completed, wall, peak RSS / anonymous / PSS
-    of the process tree. The artifact is kept (decode reads it)."""
+def export(model: Path, out: Path, task: str, limit_gib: float | None, log: Path,
+           command: list[str] | None = None) -> dict:
+    """One `optimum-cli export openvino` (`WEIGHTS`) under `limit_gib`, or `command` (named `task` in the row):
+    completed, wall, peak RSS / anonymous / PSS of the process tree. The artifact is kept (decode reads it)."""
     shutil.rmtree(out, ignore_errors=True)
-    args = ["optimum-cli", "export", "openvino", "-m", str(model), "--task", task,
-            *(part for flag in WEIGHTS.items() for part in flag), str(out)]
+    args = command or ["optimum-cli", "export", "openvino", "-m", str(model), "--task", task,
+                       *(part for flag in WEIGHTS.items() for part in flag), str(out)]
     # without a limit of its own an export still runs in a group capped below the machine's memory, so that one
     # needing more than the machine has (optimum-intel's at Mixtral's widths) is killed there, not a bystander
     group_gib = limit_gib if limit_gib is not None else (_machine_cap_gib() if cgroup_available() is None else None)

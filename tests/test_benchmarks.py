@@ -198,6 +198,12 @@ def test_vlm_page_renders_targets_limits_parity_and_slope(tmp_path):
          "baseline": _export_row("text-generation-shared", 60.0, 1200, 4000),
          "shared": _export_row(shared, 90.0, 2800, 5000),
          "parity": {"status": "failed", "error": "genai-vlm on CPU does not reproduce PyTorch"}, "limits": []},
+        {**shape, "model_type": "qwen3_5", "layers": 4, "released": "Qwen/Qwen3.5-4B", "released_layers": 32,
+         "checkpoint_bytes": 3_060_000_000,
+         "text": {**shape["text"], "layer_types": ["linear_attention"] * 3 + ["full_attention"]},
+         "baseline": _export_row("text-generation-shared", 60.0, 3000, 6000),
+         "vision_graphs": _export_row("vision graphs (optimum-intel)", 40.0, 1000, 2500),
+         "shared": _export_row(shared, 120.0, 3100, 6200), "parity": parity, "limits": []},
     ]
     results = {"rows": rows, "date": "2026-12-04", "note": "a test", "versions": {"openvino": "2026.4.1"},
                "machine": {"nproc": 2, "Model name": "AMD EPYC", "isa": ["avx2"], "ram_gb": 23.5, "load_avg": [1.0] * 3}}
@@ -219,6 +225,12 @@ def test_vlm_page_renders_targets_limits_parity_and_slope(tmp_path):
     assert "### Where gemma3 at 4 layers spends its time and memory" in page and "| capture | 10 s | 60.0 |" in page
     assert "| qwen3_5 | 2 | `text-generation-shared` (language model only) |" in page
     assert "**failed**: genai-vlm on CPU does not reproduce PyTorch" in page
+    # the language model's export and the vision graphs' conversion: walls added, each peak the larger
+    assert ("| qwen3_5 | 4 | `text-generation-shared` (language model) + optimum-intel's vision graphs (60 s, 3,000 MB "
+            "anonymous, 6,000 MB RSS; 40 s, 1,000 MB anonymous, 2,500 MB RSS) | 100 s, 3,000 MB anonymous, 6,000 MB "
+            "RSS | 120 s, 3,100 MB anonymous, 6,200 MB RSS | 1.20x | 1.03x | 1.03x |") in page
+    assert "| qwen3_5 | 4 | wall | 1.20x | <= 1.3x | met |" in page
     assert "qwen3_5 at 2 layers: failed: ValueError: Maximum required is 5.2.*, got: 5.5.4" in page
     assert ("gemma3: this task +100 MB of peak anonymous memory and +20.0 s per text layer between 2 and 4 layers; "
             "the baseline +200 MB and +5.0 s per layer") in page
+

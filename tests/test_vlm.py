@@ -478,16 +478,35 @@ def test_registered_and_fix_swapped_in_for_one_export():
             config = entries["image-text-to-text"](tiny_multimodal_config(model_type))
             assert config.MAX_TRANSFORMERS_VERSION is None
             assert config.with_behavior("language").patcher_cls.__name__ == "Qwen3_5LanguagePatcher"
-            # the vision merger traced on 4 x 4 merged patches per dummy frame (optimum-intel's batch of 2 frames),
-            # not optimum-intel's 420 x 420 (`qwen3_5.vlm_export_config`); the other parts' dummies unchanged
-            vision = config._orig_config.vision_config
-            per_side = 4 * vision.spatial_merge_size
-            merger = config.with_behavior("vision_embeddings_merger").generate_dummy_inputs(framework="pt", batch_size=2)
-            assert merger["hidden_states"].shape[0] == 2 * per_side ** 2
-            assert merger["attention_mask"].shape[1:] == (2 * per_side ** 2,) * 2
-            embeddings = config.with_behavior("vision_embeddings").generate_dummy_inputs(framework="pt", batch_size=2)
-            assert embeddings["hidden_states"].shape[0] == 2 * (420 // vision.patch_size) ** 2
         assert entries["image-text-to-text"] is original
+
+
+@pytest.mark.parametrize("model_type", ["qwen3_5", "qwen3_5_moe", "qwen2_vl", "qwen2_5_vl", "qwen3_vl"])
+def test_qwen_vision_merger_traced_on_a_small_dummy_image(model_type):
+    """The vision merger (the tower's blocks and merger) traced on 4 x 4 merged patches per dummy frame
+    (optimum-intel's batch of 2 frames), not optimum-intel's 420 x 420 (`architectures._qwen_vision`); the other parts'
+    dummies unchanged, and outside `vlm_fix_applied` optimum-intel's own."""
+    from optimum.exporters.tasks import TasksManager
+
+    from optimum_shared_graph.architectures import vlm_fix_applied
+    from optimum_shared_graph.registration import register_tasks
+    from optimum_shared_graph.testing import tiny_multimodal_config
+
+    register_tasks()
+    config_of = TasksManager._SUPPORTED_MODEL_TYPE[model_type]["openvino"]["image-text-to-text"]
+    tiny = tiny_multimodal_config(model_type)
+    vision = tiny.vision_config
+    optimum_intel = config_of(tiny).with_behavior("vision_embeddings_merger").generate_dummy_inputs(batch_size=2)
+    with vlm_fix_applied(model_type):
+        config = TasksManager._SUPPORTED_MODEL_TYPE[model_type]["openvino"]["image-text-to-text"](tiny)
+        per_side = 4 * vision.spatial_merge_size
+        merger = config.with_behavior("vision_embeddings_merger").generate_dummy_inputs(framework="pt", batch_size=2)
+        assert merger["hidden_states"].shape[0] == 2 * per_side ** 2
+        assert merger["attention_mask"].shape[-2:] == (2 * per_side ** 2,) * 2
+        assert set(merger) == set(optimum_intel)
+        embeddings = config.with_behavior("vision_embeddings").generate_dummy_inputs(framework="pt", batch_size=2)
+        assert embeddings["hidden_states"].shape[0] == 2 * (420 // vision.patch_size) ** 2
+    assert optimum_intel["hidden_states"].shape[0] == 2 * (420 // vision.patch_size) ** 2
 
 
 def test_qwen3_5_moe_experts_load_as_stored_and_fuse(vlm, tmp_path):

@@ -9,7 +9,8 @@ window attention inputs), and the graphs reproduce PyTorch, which the export che
 (`pipeline/vlm.py`), as for every type it exports.
 
 The fix is the configs unchanged but the cap (`vlm_export_config`), for `--task image-text-to-text-shared` only:
-it has no text-only form (`MODEL_TYPES` is empty).
+it has no text-only form (`MODEL_TYPES` is empty); and, as for Qwen3.5, the vision merger is traced on a 4 x 4 grid
+of merged patches per dummy frame instead of 420 x 420 (`_qwen_vision`).
 """
 
 from __future__ import annotations
@@ -20,13 +21,19 @@ SUMMARY = "optimum-intel's Qwen2-VL / Qwen2.5-VL image-text-to-text config witho
 
 VLM_MODEL_TYPES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
 VLM_SUMMARY = ("optimum-intel's Qwen2VLOpenVINOConfig / Qwen2_5_VLOpenVINOConfig / Qwen3VLOpenVINOConfig without "
-               "their 5.0 cap (the parts traced by its own patchers; validated against PyTorch)")
+               "their 5.0 cap (the parts traced by its own patchers; validated against PyTorch), the vision merger "
+               "traced on a 4 x 4 merged-patch grid per frame instead of 420 x 420")
 
 
 def vlm_export_config(base: type) -> type:
     """optimum-intel's config `base` (every part built from it: `with_behavior` builds the vision parts as
-    `self.__class__`) without `MAX_TRANSFORMERS_VERSION`."""
+    `self.__class__`) without `MAX_TRANSFORMERS_VERSION`, its vision merger traced on a smaller dummy image
+    (`_qwen_vision`: the same graph, without the activations of 1,800 dummy patches left in the heap)."""
+    from ._qwen_vision import small_merger_dummy
+
     return type(base.__name__, (base,), {
-        "__doc__": f"{base.__name__} without its transformers cap (see {__name__}).",
+        "__doc__": f"{base.__name__} without its transformers cap, its merger traced on a smaller dummy image "
+                   f"(see {__name__}).",
         "MAX_TRANSFORMERS_VERSION": None,
+        **small_merger_dummy(base),
     })

@@ -190,30 +190,18 @@ def _vlm_patcher_class() -> type:
     return Qwen3_5LanguagePatcher
 
 
-def _merger_dummy_side(vision_config) -> int:
-    """The side, in pixels, of the dummy image the vision merger is traced on: a 4 x 4 grid of merged patches
-    (`patch_size * spatial_merge_size` pixels each), so each of optimum-intel's dummy frames is 128 x 128 for
-    Qwen3.5's patch 16 and merge 2 (8 x 8 patches, where optimum-intel's default 420 x 420 has 26 x 26)."""
-    return 4 * int(vision_config.patch_size) * int(getattr(vision_config, "spatial_merge_size", 1) or 1)
-
-
 def vlm_export_config(base: type) -> type:
     """optimum-intel's Qwen3.5 image-text-to-text config (dense or MoE) without its 5.2.99 cap, its language
     model part traced with `Qwen3_5LanguagePatcher`; the vision parts as optimum-intel exports them, but the
     vision merger traced on a smaller dummy image.
 
-    Why the smaller image: optimum-intel traces the merger (the vision tower's blocks and its merger) on
-    `DummyQwen3VLVisionEmbedInputGenerator`'s default 420 x 420 image, one frame per dummy batch row (2), so
-    1,352 patches; `torch.jit.trace`, with its trace check, leaves the freed activations of every block in
-    glibc's heap, not returned to the system until the export ends (`convert.return_freed_memory`): +4.6 GB of
-    anonymous memory and half a minute or more at the Qwen3.5-4B vision width (27 blocks of 1152). The merger's inputs
-    have only dynamic sequence axes (`hidden_states`, `attention_mask`, `rotary_pos_emb`: optimum-intel's config),
-    so the graph is the same traced on 128 patches (`_merger_dummy_side`); the validation runs the vision graphs
-    on the validation image against PyTorch."""
+    Why the smaller image: `_qwen_vision` (+4.6 GB of anonymous memory at Qwen3.5-4B's vision width otherwise).
+    """
     from optimum.exporters.openvino.model_configs import QwenVLConfigBehavior
 
+    from ._qwen_vision import small_merger_dummy
+
     language_patcher = _vlm_patcher_class()
-    merger = QwenVLConfigBehavior.VISION_EMBEDDINGS_MERGER
 
     def with_behavior(self, behavior):
         part = base.with_behavior(self, behavior)
@@ -222,16 +210,10 @@ def vlm_export_config(base: type) -> type:
             part.MAX_TRANSFORMERS_VERSION = None
         return part
 
-    def generate_dummy_inputs(self, framework: str = "pt", **input_shapes):
-        if getattr(self, "_behavior", None) in (merger, merger.value):
-            side = _merger_dummy_side(self._normalized_config.config)
-            input_shapes = {"height": side, "width": side, **input_shapes}  # optimum-intel passes neither
-        return base.generate_dummy_inputs(self, framework, **input_shapes)
-
     return type(base.__name__, (base,), {
         "__doc__": f"{base.__name__} with a language model patcher for transformers 5.5 and the vision merger "
                    f"traced on a smaller dummy image (see {__name__}).",
         "MAX_TRANSFORMERS_VERSION": None,
         "with_behavior": with_behavior,
-        "generate_dummy_inputs": generate_dummy_inputs,
+        **small_merger_dummy(base),
     })

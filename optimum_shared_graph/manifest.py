@@ -225,11 +225,15 @@ class Manifest:
             ties = [d for d in v.get("differing_steps") or [] if d.get("near_tie")]
             greedy = "identical" if v["greedy_match"] else (
                 f"identical but for {len(ties)} near-tie{'s' if len(ties) > 1 else ''}" if v["status"] == "passed"
-                else f"top-1 agreement {v.get('top1_agreement', 0):.2f}")
+                else "not identical")
             check += (
                 f" (greedy {v['greedy_tokens']} tokens {greedy}, "
-                f"max |dlogits| prefill {v['max_abs_diff_prefill']:.2e}, decode {v['max_abs_diff_decode']:.2e})"
+                f"max |dlogits| prefill {v['max_abs_diff_prefill']:.2e}, decode {v['max_abs_diff_decode']:.2e}"
             )
+            if v["status"] == "recorded" and "kl_prefill" in v:  # quantized: how far from PyTorch, not a pass/fail
+                check += (f", KL from PyTorch prefill {v['kl_prefill']:.2g}, decode {v['kl_decode']:.2g}, "
+                          f"top-1 agreement {v.get('top1_agreement', 0):.2f}")
+            check += ")"
         where = self.path.parent if self.path else "?"
         head = f"{self.task}: wrote {where} ({self.partitioning}"
         if self.fallback_reason:

@@ -234,3 +234,21 @@ def test_vlm_page_renders_targets_limits_parity_and_slope(tmp_path):
     assert ("gemma3: this task +100 MB of peak anonymous memory and +20.0 s per text layer between 2 and 4 layers; "
             "the baseline +200 MB and +5.0 s per layer") in page
 
+
+def test_calibration_section_is_its_one_run_rendered():
+    """docs/quality.md's calibration section is what its one run (docs/calibration-designs.json, two trained models)
+    renders to, the export's default for each mode marked as `decode_steps_for` picks it today, and that default
+    measured against prefill only for every mode on every model."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import calibration_design
+
+    run = json.loads((ROOT / "docs" / "calibration-designs.json").read_text())
+    assert calibration_design.render(run) in (ROOT / "docs" / "quality.md").read_text()
+    assert len(run["runs"]) >= 2
+    for model in run["runs"]:
+        modes = {row["mode"] for row in model["rows"]}
+        assert {"int4-awq-se", "int8"} <= modes
+        for mode in modes:
+            designs = {r["design"] for r in model["rows"] if r["mode"] == mode}
+            default = calibration_design.default_design(mode, ["a calibration text"], 1)
+            assert {"prefill", default} <= designs and any(calibration_design.DESIGNS[d][0] for d in designs), mode

@@ -211,7 +211,10 @@ def test_decode_steps_for_real_optimum_intel_configs():
 
     awq = OVWeightQuantizationConfig(bits=4, quant_method="awq", scale_estimation=True, dataset="wikitext2")
     assert decode_steps_for(None, awq)[0] == 0
-    assert decode_steps_for(None, {"bits": 4, "gptq": True, "dataset": "wikitext2"})[0] == 0
+    assert decode_steps_for(None, {"bits": 4, "gptq": True, "dataset": "wikitext2"})[0] == STEPS  # per-token Hessian
+    assert decode_steps_for(None, {"bits": 4, "gptq": True, "scale_estimation": True, "dataset": "wikitext2"})[0] == 0
+    assert decode_steps_for(None, {"bits": 4, "ratio": 0.8, "sensitivity_metric": "hessian_input_activation",
+                                   "dataset": "wikitext2"})[0] == 0
     assert decode_steps_for(None, OVQuantizationConfig(dataset="wikitext2"))[0] == STEPS
     mixed = OVMixedQuantizationConfig(OVWeightQuantizationConfig(bits=4), OVQuantizationConfig(dtype="f8e4m3"),
                                       dataset="wikitext2")

@@ -150,6 +150,9 @@ def test_weight_formats_and_bin_size(weight_format, tiny_model, tmp_path):
     assert manifest.quantization["weight_format"] == weight_format
     expected = "passed" if weight_format == "fp16" else "recorded"
     assert manifest.validation["status"] == expected, manifest.validation
+    if expected == "recorded":  # quantized: the summary line says how far from PyTorch the graph is
+        v = manifest.validation
+        assert f"KL from PyTorch prefill {v['kl_prefill']:.2g}, decode {v['kl_decode']:.2g}" in manifest.summary()
 
 
 def test_manifest_is_json_with_schema(exported):

@@ -19,24 +19,32 @@ from ..errors import InvalidOptionsError
 # models (not measured against prefill only), and `FULL_QUANTIZATION_DECODE_STEPS` for a text graph's full
 # quantization (`decode_steps_for`).
 DEFAULT_DECODE_STEPS = 4
-# `--quant-mode` on a text graph: 16 decode calls per text (pasts up to 16 tokens past the prompt) gave 0.87x
-# prefill-only's KL on SmolLM2-135M-Instruct, 4 gave 0.95x (benchmarks/calibration_design.py, docs/quality.md).
+# `--quant-mode` on a text graph, and GPTQ alone: 16 decode calls per text (pasts up to 16 tokens past the prompt),
+# merged to prompt-length samples. Both algorithms gather their statistics per token (the int8 min-max range over
+# every token, GPTQ's Hessian as a sum over tokens), so decode calls add tokens at positions past the prompts; on two
+# trained models 16 decode calls per text gave 0.81x and 0.97x prefill-only's KL for `--quant-mode int8` (lower in 28
+# and 22 of 29 windows) and 0.97x and 0.92x for GPTQ (17 and 18 of 29), benchmarks/calibration_design.py's one run
+# (docs/quality.md).
 FULL_QUANTIZATION_DECODE_STEPS = 16
-# Why a text graph's data-aware weight compression calibrates on prefill calls only unless asked otherwise
+# Why a text graph's other data-aware weight compression calibrates on prefill calls only unless asked otherwise
 # (what the manifest's `calibration_decode_steps_reason` says). NNCF's AWQ and scale estimation reduce each sample
 # to one mean activation vector (`OVMeanReducer` over batch and sequence) and weigh every sample the same
 # (`activation_stats.process_stats`: the channel magnitude is the max over samples of |mean|, the error is taken on
 # the means, and past `subset_size` samples they keep every k-th of the samples sorted by token count): a decode
-# sample of a few tokens weighs as much as a prompt of dozens, and it pushes prompts out of the subset. Decode calls'
-# activations at the weights are the same per-token function of the hidden state as a longer prompt's, so they add
-# nothing a prompt lacks; measured on two trained models (benchmarks/calibration_design.py, docs/quality.md) no
-# design of the decode samples (per text, merged to prompt length, 16 steps) gave a KL below prefill only's.
+# sample of a few tokens weighs as much as a prompt of dozens, and it pushes prompts out of the subset. Merged to
+# prompt-length samples the decode calls weigh by their tokens, and still did not lower the error: on two trained
+# models 16 decode calls per text gave AWQ + scale estimation 0.98x and 1.12x prefill-only's KL, data-aware mixed
+# precision 1.01x and 1.00x (benchmarks/calibration_design.py's one run, docs/quality.md).
 WEIGHT_COMPRESSION_PREFILL_ONLY = (
-    "default for data-aware weight compression: prefill calls only (decode samples raised AWQ and scale "
-    "estimation's error on trained models, docs/quality.md); --calibration-decode-steps N adds them"
+    "default for data-aware weight compression but GPTQ alone: prefill calls only (decode calls did not lower AWQ, "
+    "scale estimation or mixed precision's error on two trained models, docs/quality.md); "
+    "--calibration-decode-steps N adds them"
 )
+GPTQ_BOTH_STAGES = ("default for GPTQ alone: prefill and 16 decode calls per text, merged to prompt-length samples "
+                    "(its Hessian sums over tokens; lower error than prefill only on two trained models, "
+                    "docs/quality.md)")
 BOTH_STAGES = ("default for full quantization: prefill and 16 decode calls per text, merged to prompt-length samples "
-               "(lower error than prefill only or 4 decode calls, docs/quality.md)")
+               "(lower error than prefill only on two trained models, docs/quality.md)")
 
 # NNCF's estimator of activation ranges in full quantization (`--quant-mode`): a name in
 # `nncf.quantization.range_estimator.RangeEstimatorParametersSet`, or None for NNCF's own default.
@@ -80,13 +88,14 @@ class CalibrationReport:
     graph: str | None = None  # "stateless" when samples carried their cache explicitly
     reason: str | None = None  # why this many decode steps (`decode_steps_for`)
     float_matmuls: list[str] | None = None  # --quant-mode int8: MatMuls left in float (`mlp_output_matmuls`)
+    samples: int = 0  # what NNCF sees: the prefill calls and the decode calls' samples (merged or not)
 
     def counts(self) -> dict[str, int]:
         return {"prefill": self.prefill, "decode": self.decode}
 
     def record(self, samples, decode_steps: int) -> None:
         """Fill in what a calibration set (`BothStageSamples`, `StaticCalibrationSamples`) holds."""
-        self.prefill, self.decode = samples.prefill_count, samples.decode_count
+        self.prefill, self.decode, self.samples = samples.prefill_count, samples.decode_count, len(samples)
         self.texts, self.decode_steps, self.graph = samples.texts, decode_steps, "stateless"
 
 
@@ -187,13 +196,30 @@ def both_stage_steps(requested: int | None) -> int:
 
 def decode_steps_for(requested: int | None, quantization_config: Any) -> tuple[int, str]:
     """The decode calls calibrated after each text's prefill for a text graph, and why: `requested` when given
-    (`--calibration-decode-steps`), else 0 for data-aware weight compression and `FULL_QUANTIZATION_DECODE_STEPS` for
-    full or mixed quantization, as measured (`WEIGHT_COMPRESSION_PREFILL_ONLY`, `BOTH_STAGES`)."""
+    (`--calibration-decode-steps`), else `FULL_QUANTIZATION_DECODE_STEPS` for full or mixed quantization and for
+    GPTQ alone, 0 for the other data-aware weight compression, as measured (`BOTH_STAGES`, `GPTQ_BOTH_STAGES`,
+    `WEIGHT_COMPRESSION_PREFILL_ONLY`)."""
     if requested is not None:
         return requested, "--calibration-decode-steps"
-    if is_weight_compression(quantization_config):
-        return 0, WEIGHT_COMPRESSION_PREFILL_ONLY
-    return FULL_QUANTIZATION_DECODE_STEPS, BOTH_STAGES
+    if not is_weight_compression(quantization_config):
+        return FULL_QUANTIZATION_DECODE_STEPS, BOTH_STAGES
+    if _gptq_alone(quantization_config):
+        return FULL_QUANTIZATION_DECODE_STEPS, GPTQ_BOTH_STAGES
+    return 0, WEIGHT_COMPRESSION_PREFILL_ONLY
+
+
+def _gptq_alone(quantization_config: Any) -> bool:
+    """Whether a weight compression config runs GPTQ without AWQ or scale estimation (whose per-sample means the
+    decode calls did not help), every part of a pipeline config so."""
+    from optimum.intel.openvino.configuration import OVPipelineQuantizationConfig, _quantization_config_from_dict
+
+    config = quantization_config
+    if isinstance(config, dict):
+        config = _quantization_config_from_dict(resolve_config_dataset(config))
+    if isinstance(config, OVPipelineQuantizationConfig):
+        return all(_gptq_alone(c) for c in config.quantization_configs.values())
+    return bool(getattr(config, "gptq", False)) and not getattr(config, "scale_estimation", False) and \
+        str(getattr(config, "quant_method", "")).lower().split(".")[-1] != "awq"
 
 
 def _as_numpy(value):

@@ -117,6 +117,25 @@ def test_smallest_part_is_lm_head_or_one_layer():
     assert memory.smallest_part_bytes(config, "int4") < fp16
 
 
+def test_a_refusal_never_reads_as_if_the_memory_were_enough():
+    """Where the need and what is available round to the same tenth of a GiB, the refusal gives hundredths."""
+    from transformers import AutoConfig
+
+    from optimum_shared_graph.errors import NotEnoughMemoryError
+
+    config = AutoConfig.for_model("qwen3", hidden_size=2560, intermediate_size=9728, num_hidden_layers=2,
+                                  num_attention_heads=32, num_key_value_heads=8, head_dim=128, vocab_size=151936)
+    need = memory.smallest_part_bytes(config, "fp16") + memory.RESERVE
+    short = memory.Memory(need - 2**20, "cgroup limit 3.0 GiB")
+    with pytest.raises(NotEnoughMemoryError) as refused:
+        memory.check_fits(config, "fp16", short)
+    said = str(refused.value)
+    assert f"needs at least {need / 2**30:.2f} GiB" in said and f"{short.available / 2**30:.2f} GiB available" in said
+    far = memory.Memory(need // 2, "MemAvailable")
+    with pytest.raises(NotEnoughMemoryError, match=rf"needs at least {need / 2**30:.1f} GiB .* {far.available / 2**30:.1f} GiB available"):
+        memory.check_fits(config, "fp16", far)
+
+
 @pytest.mark.parametrize("checkpoint_gb, tokens", [(0.2, 16), (0.49, 8), (0.99, 4), (8.04, 4)])
 def test_captured_tokens_keep_the_capture_reads_near_4_gb(checkpoint_gb, tokens):
     plenty = memory.Memory(2**40, "test")

@@ -54,12 +54,12 @@ class Memory:
     available: int
     source: str  # "cgroup limit 3.0 GiB" or "MemAvailable"
 
-    def describe(self) -> str:
-        return f"{_gib(self.available)} available ({self.source})"
+    def describe(self, digits: int = 1) -> str:
+        return f"{_gib(self.available, digits)} available ({self.source})"
 
 
-def _gib(n: int) -> str:
-    return f"{n / 2**30:.1f} GiB"
+def _gib(n: int, digits: int = 1) -> str:
+    return f"{n / 2**30:.{digits}f} GiB"
 
 
 def _read_int(path: Path) -> int | None:
@@ -159,10 +159,12 @@ def check_fits(config, weight_format: str | None, memory: Memory | None = None) 
     memory = memory or available_memory()
     if memory.available >= need + RESERVE:
         return
+    # as many digits as it takes for the need and what is available to read differently
+    digits = 1 if _gib(need + RESERVE) != _gib(memory.available) else 2
     raise NotEnoughMemoryError(
-        f"validating this export needs at least {_gib(need + RESERVE)} of memory (its largest piece, "
-        f"{_gib(need)}, compiled, plus {_gib(RESERVE)} to run it) and {memory.describe()}: raise the memory "
-        "limit, or pass --skip-validation to keep an unchecked artifact (nothing was written)"
+        f"validating this export needs at least {_gib(need + RESERVE, digits)} of memory (its largest piece, "
+        f"{_gib(need, digits)}, compiled, plus {_gib(RESERVE, digits)} to run it) and {memory.describe(digits)}: raise "
+        "the memory limit, or pass --skip-validation to keep an unchecked artifact (nothing was written)"
     )
 
 

@@ -44,12 +44,16 @@ EXACT = calibration_design.EXACT
 GROUPS = {
     "lm_head": {"patterns": [".*lm_head.*"]},
     "qkv": {"patterns": [r".*self_attn\.(q|k|v)_proj.*"]},
+    "qk": {"patterns": [r".*self_attn\.(q|k)_proj.*"]},
+    "v": {"patterns": [r".*self_attn\.v_proj.*"]},
     "o_proj": {"patterns": [r".*self_attn\.o_proj.*"]},
     "gate_up": {"patterns": [r".*mlp\.(gate|up)_proj.*"]},
     "down_proj": {"patterns": [r".*mlp\.down_proj.*"]},
     "sdpa": {"types": ["ScaledDotProductAttention"]},
     "first_last_layer": {"patterns": [r".*layers\.0\..*", r".*layers\.{last}\..*"]},
 }
+
+SPLITS = ("qk", "v")  # parts of "qkv", to be left in float on their own (never "only" quantized)
 
 
 def ignore(*groups: str) -> dict:
@@ -61,7 +65,7 @@ def ignore(*groups: str) -> dict:
 
 
 def only(group: str) -> dict:
-    return ignore(*[g for g in GROUPS if g not in (group, "first_last_layer")])
+    return ignore(*[g for g in GROUPS if g not in (group, "first_last_layer", *SPLITS)])
 
 
 # name: (what it changes, config changes). Keys: "config" (optimum-intel OVQuantizationConfig fields), "estimator"
@@ -83,7 +87,7 @@ VARIANTS = {
     "mse-ranges": ("NNCF's MEAN_QUANTILE range estimator", {"estimator": "MEAN_QUANTILE"}),
     **{f"ignore-{g}": (f"{g} left in float", {"config": {"ignored_scope": ignore(g)}}) for g in GROUPS},
     **{f"only-{g}": (f"only {g} quantized", {"config": {"ignored_scope": only(g)}}) for g in GROUPS
-       if g != "first_last_layer"},
+       if g != "first_last_layer" and g not in SPLITS},
 }
 
 

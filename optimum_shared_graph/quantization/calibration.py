@@ -145,14 +145,11 @@ def is_data_aware(quantization_config: Any) -> bool:
         OVQuantizationConfig,
         OVQuantizationMethod,
         OVWeightQuantizationConfig,
-        _quantization_config_from_dict,
     )
 
-    config = quantization_config
-    if config is None:
+    if quantization_config is None:
         return False
-    if isinstance(config, dict):  # a local text file as `dataset` is read first (optimum-intel knows only names)
-        config = _quantization_config_from_dict(resolve_config_dataset(config))
+    config = _config_object(quantization_config)
     if isinstance(config, OVPipelineQuantizationConfig):
         return any(is_data_aware(c) for c in config.quantization_configs.values())
     if isinstance(config, (OVQuantizationConfig, OVMixedQuantizationConfig)):
@@ -174,18 +171,22 @@ def is_data_aware(quantization_config: Any) -> bool:
 
 def is_weight_compression(quantization_config: Any) -> bool:
     """Whether the config compresses weights only (no activation quantization: no `--quant-mode` part)."""
-    from optimum.intel.openvino.configuration import (
-        OVPipelineQuantizationConfig,
-        OVWeightQuantizationConfig,
-        _quantization_config_from_dict,
-    )
+    from optimum.intel.openvino.configuration import OVPipelineQuantizationConfig, OVWeightQuantizationConfig
 
-    config = quantization_config
-    if isinstance(config, dict):
-        config = _quantization_config_from_dict(resolve_config_dataset(config))
+    config = _config_object(quantization_config)
     if isinstance(config, OVPipelineQuantizationConfig):
         return all(is_weight_compression(c) for c in config.quantization_configs.values())
     return isinstance(config, OVWeightQuantizationConfig)
+
+
+def _config_object(quantization_config: Any) -> Any:
+    """optimum-intel's config object for a config given as a dict (a local text file as `dataset` read first:
+    optimum-intel knows only names); any other value as it is."""
+    from optimum.intel.openvino.configuration import _quantization_config_from_dict
+
+    if isinstance(quantization_config, dict):
+        return _quantization_config_from_dict(resolve_config_dataset(quantization_config))
+    return quantization_config
 
 
 def both_stage_steps(requested: int | None) -> int:
@@ -211,15 +212,13 @@ def decode_steps_for(requested: int | None, quantization_config: Any) -> tuple[i
 def _gptq_alone(quantization_config: Any) -> bool:
     """Whether a weight compression config runs GPTQ without AWQ or scale estimation (whose per-sample means the
     decode calls did not help), every part of a pipeline config so."""
-    from optimum.intel.openvino.configuration import OVPipelineQuantizationConfig, _quantization_config_from_dict
+    from optimum.intel.openvino.configuration import OVPipelineQuantizationConfig, OVQuantizationMethod
 
-    config = quantization_config
-    if isinstance(config, dict):
-        config = _quantization_config_from_dict(resolve_config_dataset(config))
+    config = _config_object(quantization_config)
     if isinstance(config, OVPipelineQuantizationConfig):
         return all(_gptq_alone(c) for c in config.quantization_configs.values())
     return bool(getattr(config, "gptq", False)) and not getattr(config, "scale_estimation", False) and \
-        str(getattr(config, "quant_method", "")).lower().split(".")[-1] != "awq"
+        getattr(config, "quant_method", None) != OVQuantizationMethod.AWQ
 
 
 def _as_numpy(value):

@@ -2,13 +2,14 @@
 
 For one trained model, optimum-intel's stateless fp32 export is made once (as `calibration_design.py` does); then for
 every variant of the full-quantization config the same graph is quantized in-process through optimum-intel's own
-entry point (`calibration._apply_calibrated`, as an export does, on the export's default calibration set: prefill and
-16 decode calls per text merged to prompt-length samples), made stateful, and evaluated against PyTorch fp32 on
-held-out text (benchmarks/quality.py's evaluation, f32 properties).
+entry point (`calibration._apply_calibrated`, as an export does, on the export's default calibration set for
+`--quant-mode int8` unless the variant names another), made stateful, and evaluated against PyTorch fp32 on held-out
+text (benchmarks/quality.py's evaluation, f32 properties) on this CPU: the int8 arithmetic is the CPU's, so run it
+again under `ONEDNN_MAX_CPU_ISA=AVX2` for a CPU without VNNI (the JSON records which, `machine.isa`).
 
 A variant is a set of changes to `--quant-mode int8`'s config (`VARIANTS`): SmoothQuant's alpha, NNCF ignored scopes
 (one group of operations left in float at a time, or every group but one), the activation range estimator,
-per-channel activation quantizers, the quantizers' scheme. `--outliers` also measures, on the fp32 graph and the
+per-channel activation quantizers, the quantizers' scheme, NNCF's overflow fix, the calibration set. `--outliers` also measures, on the fp32 graph and the
 calibration samples, each weighted MatMul's input: its largest value over every token against its 99.9th
 percentile, which channels hold it and at which position.
 
@@ -73,17 +74,21 @@ def only(group: str) -> dict:
 # fields for activations), "sq" (SmoothQuant alpha for MatMuls; -1 off), "design" (calibration_design.DESIGNS).
 VARIANTS = {
     "former-default": ("--quant-mode int8 before outliers were measured (MINMAX ranges, NNCF's SmoothQuant alpha "
-                       "0.95, 16 decode calls)", {}),
+                       "0.95, no overflow fix, 16 decode calls)", {"design": "merged16"}),
     "shipped": ("--quant-mode int8 as exported now: the MLPs' down projections in float "
-                "(calibration.mlp_output_matmuls), SmoothQuant alpha 0.5", {"package": True}),
+                "(calibration.mlp_output_matmuls), SmoothQuant alpha 0.5, NNCF's overflow fix, the export's default "
+                "calibration", {"package": True}),
     "nncf-default-ranges": ("NNCF's default range estimator (MEAN_MINMAX)", {"estimator": "nncf-default"}),
     "prefill-only": ("prefill calls only", {"design": "prefill"}),
+    "both-stages": ("prefill and 16 decode calls per text, merged to prompt-length samples", {"design": "merged16"}),
     "no-sq": ("SmoothQuant off", {"sq": -1}),
     "sq-0.5": ("SmoothQuant alpha 0.5", {"sq": 0.5}),
     "sq-0.8": ("SmoothQuant alpha 0.8", {"sq": 0.8}),
     "sym": ("symmetric activations (--sym: NNCF's performance preset)", {"config": {"sym": True}}),
     "per-channel": ("per-channel activation quantizers", {"activations": {"per_channel": True}}),
-    "overflow-fix": ("overflow fix enabled", {"config": {"overflow_fix": "enable"}}),
+    "overflow-fix": ("NNCF's overflow fix on every layer (7-bit weights)", {"config": {"overflow_fix": "enable"}}),
+    "overflow-fix-first-layer": ("NNCF's overflow fix on the first layer only (8-bit weights elsewhere)",
+                                 {"config": {"overflow_fix": "first_layer_only"}}),
     "mse-ranges": ("NNCF's MEAN_QUANTILE range estimator", {"estimator": "MEAN_QUANTILE"}),
     **{f"ignore-{g}": (f"{g} left in float", {"config": {"ignored_scope": ignore(g)}}) for g in GROUPS},
     **{f"only-{g}": (f"only {g} quantized", {"config": {"ignored_scope": only(g)}}) for g in GROUPS
@@ -163,8 +168,9 @@ def quantize(base: Path, out: Path, variant: dict, texts: list[str], num_samples
     cfg["advanced_parameters"] = advanced
     config = _prepared_config(model, cfg, model_id)
     prompts = prompt_inputs(model, config)
-    samples = calibration_design.samples_of(model, prompts, variant.get("design", "merged16"))
-    info = {"samples": len(samples), "prefill_calls": samples.prefill_count, "decode_calls": samples.decode_count}
+    design = variant.get("design") or calibration_design.default_design("int8", texts, num_samples)
+    samples = calibration_design.samples_of(model, prompts, design)
+    info = {"design": design, "samples": len(samples), "prefill_calls": samples.prefill_count, "decode_calls": samples.decode_count}
     if variant.get("package"):  # what quantize_both_stages does for --quant-mode int8
         ignored = calibration.mlp_output_matmuls(model.model)
         config = calibration.with_int8_activation_defaults(config.clone(), ignored)
@@ -307,33 +313,25 @@ def main() -> None:
     parser.add_argument("--name", help="the model's name (default: its directory's name)")
     parser.add_argument("--base-task", choices=["with-past", "shared"], default="with-past")
     parser.add_argument("--list", action="store_true", help="print the variants and exit")
+    parser.add_argument("--keep", action="store_true", help="keep each variant's artifact in the work directory")
     args = parser.parse_args()
     if args.list:
         for name, (what, _) in VARIANTS.items():
             print(f"{name:24s} {what}")
         return
 
-    from transformers import AutoTokenizer
-
-    if args.model == "real":
-        from optimum_shared_graph.testing import real_model
-
-        model = real_model(log=lambda line: print(line, file=sys.stderr, flush=True))
-    else:
-        model = Path(args.model)
-    name = args.name or model.name
-    work = args.work / name
-    work.mkdir(parents=True, exist_ok=True)
+    work = args.work / (args.name or (args.model if args.model in ("real", "trained") else Path(args.model).name))
+    data = calibration_design.model_data(args.model, work, args)
+    model, wins, texts = Path(data["path"]), data["wins"], data["texts"]
     base = calibration_design.base_graph(model, work, args.base_task)
     config = json.loads((model / "config.json").read_text())
     layers = config.get("num_hidden_layers") or config.get("text_config", {}).get("num_hidden_layers")
-    tokenizer = AutoTokenizer.from_pretrained(model)
-    wins, count, texts = calibration_design.evaluation_data(tokenizer, args)
     out_json = work / "activation_quantization.json"
     results = json.loads(out_json.read_text()) if out_json.is_file() else {"rows": {}}
-    results.update({"model": name, "model_type": config.get("model_type"), "machine": {"cpu": context.cpu_name()},
-                    "windows": count, "prompt": args.prompt, "decode": args.decode, "texts": len(texts),
-                    "calibration_file": args.texts.name, "eval_file": args.eval.name})
+    results.update({"model": data["name"], "model_type": config.get("model_type"),
+                    "machine": {"cpu": context.cpu_name(), "isa": context.cpu_isa()}, "windows": len(wins),
+                    "prompt": args.prompt, "decode": args.decode, "texts": len(texts),
+                    "calibration_file": data["calibration_file"], "eval_file": data["eval_file"]})
     ref = quality.torch_logprobs(model, wins, args.prompt + args.decode)
     results["pytorch_perplexity"] = quality.reference_stats(ref, wins, args.prompt)["perplexity"]
     if args.outliers:
@@ -377,7 +375,8 @@ def main() -> None:
             continue
         stats = evaluate(out, EXACT)
         results["rows"][vname] = {"what": what, **info, "stats": stats, "date": time.strftime("%Y-%m-%d")}
-        shutil.rmtree(out)
+        if not args.keep:
+            shutil.rmtree(out)
         out_json.write_text(json.dumps(results, indent=1, default=str) + "\n")
         print(f"{vname:24s} ppl {100 * stats['vs_pytorch']:+.2f}% KL {stats['kl']:.4g} (prefill {stats['kl_prefill']:.4g}"
               f", decode {stats['kl_decode']:.4g}, first position {stats['kl_by_position'][0]:.3g}) top1 "

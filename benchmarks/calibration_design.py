@@ -253,7 +253,7 @@ LABELS = {"data-free": "data-free", "prefill": "prefill only", "grouped": "+ 4 d
           "merged64": "+ 64 decode calls per text, merged to prompt-length samples"}
 MODES = {"int4-awq-se": "int4 AWQ + scale estimation (group size 64, ratio 1.0)", "int4-awq": "int4 AWQ",
          "int4-se": "int4 scale estimation", "int4-gptq": "int4 GPTQ", "int4-mixed": "int4/int8 mixed, hessian",
-         "int8": "`--quant-mode int8` (MINMAX ranges, down projections in float, SmoothQuant 0.5)"}
+         "int8": "`--quant-mode int8` (MINMAX ranges, down projections in float, SmoothQuant 0.5, overflow fix)"}
 BEGIN, END = "<!-- calibration-design:begin -->", "<!-- calibration-design:end -->"
 
 
@@ -263,7 +263,9 @@ def render(run: dict) -> str:
     runs = run["runs"]
     lines = [BEGIN, "## Calibration designs: what the decode calls change, per algorithm", "",
              f"One run of `python benchmarks/calibration_design.py` ({run['minutes']:.0f} minutes, {runs[0]['date']}, "
-             f"{run['machine']['cpu']}, {run['machine']['nproc']} cores; "
+             f"{run['machine']['cpu']}"
+             + (f" ({run['machine']['isa']})" if run["machine"].get("isa") else "")
+             + f", {run['machine']['nproc']} cores; "
              + ", ".join(f"{k} {v}" for k, v in run["versions"].items()) + "): each model's optimum-intel stateless "
              "fp32 graph quantized in-process as an export quantizes it (`quantize_both_stages`: this package's "
              "calibration set and its `--quant-mode int8` settings; *data-free*: optimum-intel's compression with no "
@@ -476,7 +478,8 @@ def main() -> None:
     for which in args.models or [args.model]:
         runs.append(run_model(which, args))
         run = {"runs": runs, "argv": sys.argv[1:], "minutes": round((time.time() - started) / 60, 1),
-               "versions": quality._versions(), "machine": {"cpu": context.cpu_name(), "nproc": os.cpu_count()}}
+               "versions": quality._versions(),
+               "machine": {"cpu": context.cpu_name(), "isa": context.cpu_isa(), "nproc": os.cpu_count()}}
         run_json.write_text(json.dumps(run, indent=1, default=str) + "\n")
     for r in runs:
         for mode in args.modes:

@@ -30,6 +30,23 @@ def cpu_name() -> str:
     return platform.processor()
 
 
+def cpu_isa() -> str:
+    """What the CPU offers int8 MatMuls: "AVX-512 VNNI", "AVX-VNNI" or "AVX2 without VNNI" (where u8 x s8 products
+    saturate unless the weights keep 7 bits: NNCF's overflow fix), or the ISA that `ONEDNN_MAX_CPU_ISA` caps the CPU
+    plugin at (`ONEDNN_MAX_CPU_ISA=AVX2` runs this CPU as one without VNNI)."""
+    capped = os.environ.get("ONEDNN_MAX_CPU_ISA")
+    if capped:
+        return f"{capped} (ONEDNN_MAX_CPU_ISA)"
+    from optimum_shared_graph.testing import cpu_flags
+
+    flags = cpu_flags()
+    if "avx512_vnni" in flags:
+        return "AVX-512 VNNI"
+    if "avx_vnni" in flags:
+        return "AVX-VNNI"
+    return "AVX2 without VNNI" if "avx2" in flags else platform.machine()
+
+
 def machine() -> dict:
     info: dict = {"nproc": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version()}
     try:

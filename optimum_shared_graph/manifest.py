@@ -319,7 +319,7 @@ def build_manifest(
                if calibration is not None and calibration.graph else {}),
             **({"calibration_decode_steps_reason": calibration.reason}
                if calibration is not None and calibration.graph and calibration.reason else {}),
-            **({"float_matmuls": calibration.float_matmuls}
+            **({"float_matmuls": calibration.float_matmuls, "overflow_fix": calibration.overflow_fix}
                if calibration is not None and calibration.float_matmuls is not None else {}),
         },
     )

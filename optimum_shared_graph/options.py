@@ -60,11 +60,10 @@ class ExportOptions:
         calibration_decode_steps: data-aware quantization only. Decode calls gathered after each
             calibration text's prefill, with the real KV cache (0: prefill calls only, optimum-intel's
             behaviour). `None` (the default) chooses per algorithm, as measured on trained models
-            (`quantization.calibration.decode_steps_for`, docs/quality.md): 16 for a text graph's full
-            quantization (`--quant-mode`) and for GPTQ alone (statistics summed over tokens: the decode
-            calls lowered their error), 0 for the other data-aware weight compression of a text graph (AWQ,
-            scale estimation, data-aware mixed precision: they did not), 4 for static graphs and
-            vision-language models.
+            (`quantization.calibration.decode_steps_for`, docs/quality.md): 16 for a text graph's GPTQ
+            alone (its Hessian sums over tokens: the decode calls lowered its error), 0 for every other
+            data-aware quantization of a text graph (AWQ, scale estimation, data-aware mixed precision,
+            `--quant-mode`: they did not, or not enough), 4 for static graphs and vision-language models.
         quiet: no progress display. Progress (the export's stages, the generate() capture,
             validation and calibration steps) goes to stderr only when it is a terminal; `quiet`
             also turns off transformers', huggingface_hub's and NNCF's progress bars during the export.

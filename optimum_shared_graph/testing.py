@@ -29,6 +29,16 @@ def npu_precision() -> dict[str, str]:
     return {"INFERENCE_PRECISION_HINT": "f32"}
 
 
+def cpu_flags() -> set[str]:
+    """The CPU's feature flags (/proc/cpuinfo's first `flags` line), empty where unknown. Which int8 arithmetic the
+    CPU plugin has follows them: `avx512_vnni` or `avx_vnni`, or AVX2's pairwise u8 x s8 products summed into int16."""
+    try:
+        return set(next(line for line in Path("/proc/cpuinfo").read_text().splitlines()
+                        if line.startswith("flags")).split(":", 1)[1].split())
+    except (OSError, StopIteration):
+        return set()
+
+
 def __getattr__(name: str) -> Any:
     # `NPU_ON_CPU`: GenAI's NPU pipeline (NPUW) with its partitions run on the CPU, at `npu_precision()`:
     # `LLMPipeline(path, "NPU", **NPU_ON_CPU)`; tests, scripts and the coverage sweep use this one dict. Computed on

@@ -8,7 +8,7 @@ import pytest
 from conftest import HELD_OUT, error_line, run_cli
 
 from optimum_shared_graph import read_manifest
-from optimum_shared_graph.testing import CORPUS
+from optimum_shared_graph.testing import CORPUS, cpu_flags
 
 DECODE_STEPS = 3
 NEW_TOKENS = 12
@@ -179,18 +179,16 @@ def test_decode_samples_carry_their_kv_cache(export, quantizable_model):
 
 
 def test_default_decode_steps_follow_the_algorithm(export):
-    """Without --calibration-decode-steps: data-aware weight compression calibrates on prefill calls only, full
-    quantization on both stages, and the manifest says why; the flag, when given, is what runs."""
-    from optimum_shared_graph.quantization.calibration import FULL_QUANTIZATION_DECODE_STEPS as STEPS
-
+    """Without --calibration-decode-steps: AWQ and full quantization calibrate on prefill calls only, and the manifest
+    says why; the flag, when given, is what runs."""
     awq = read_manifest(export("int4-awq-default", "--weight-format", "int4", "--awq", "--group-size", "64",
                                "--ratio", "1.0", "--num-samples", "4")).quantization
     assert awq["calibration_samples"] == {"prefill": 4, "decode": 0}
     assert awq["calibration_decode_steps"] == 0
     assert "prefill calls only" in awq["calibration_decode_steps_reason"]
     int8 = read_manifest(export("int8-default", "--quant-mode", "int8", "--num-samples", "4")).quantization
-    assert int8["calibration_samples"] == {"prefill": 4, "decode": 4 * STEPS}
-    assert int8["calibration_decode_steps"] == STEPS
+    assert int8["calibration_samples"] == {"prefill": 4, "decode": 0}
+    assert int8["calibration_decode_steps"] == 0
     assert "full quantization" in int8["calibration_decode_steps_reason"]
     given = read_manifest(export("int4-awq", "--weight-format", "int4", "--awq", "--group-size", "64", "--ratio", "1.0",
                                  "--calibration-decode-steps", str(DECODE_STEPS))).quantization
@@ -206,7 +204,7 @@ def test_decode_steps_for_real_optimum_intel_configs():
         OVWeightQuantizationConfig,
     )
 
-    from optimum_shared_graph.quantization.calibration import FULL_QUANTIZATION_DECODE_STEPS as STEPS
+    from optimum_shared_graph.quantization.calibration import GPTQ_DECODE_STEPS as STEPS
     from optimum_shared_graph.quantization.calibration import decode_steps_for
 
     awq = OVWeightQuantizationConfig(bits=4, quant_method="awq", scale_estimation=True, dataset="wikitext2")
@@ -215,10 +213,10 @@ def test_decode_steps_for_real_optimum_intel_configs():
     assert decode_steps_for(None, {"bits": 4, "gptq": True, "scale_estimation": True, "dataset": "wikitext2"})[0] == 0
     assert decode_steps_for(None, {"bits": 4, "ratio": 0.8, "sensitivity_metric": "hessian_input_activation",
                                    "dataset": "wikitext2"})[0] == 0
-    assert decode_steps_for(None, OVQuantizationConfig(dataset="wikitext2"))[0] == STEPS
+    assert decode_steps_for(None, OVQuantizationConfig(dataset="wikitext2"))[0] == 0  # min-max ranges only widen
     mixed = OVMixedQuantizationConfig(OVWeightQuantizationConfig(bits=4), OVQuantizationConfig(dtype="f8e4m3"),
                                       dataset="wikitext2")
-    assert decode_steps_for(None, mixed)[0] == STEPS  # activations quantized too
+    assert decode_steps_for(None, mixed)[0] == 0  # activations quantized too
     assert decode_steps_for(2, awq) == (2, "--calibration-decode-steps")
     assert decode_steps_for(0, OVQuantizationConfig(dataset="wikitext2")) == (0, "--calibration-decode-steps")
 
@@ -356,6 +354,7 @@ def test_int8_leaves_the_down_projections_in_float(export):
 
     out = export("int8-defaults", "--quant-mode", "int8", "--num-samples", "4")
     floats = read_manifest(out).quantization["float_matmuls"]
+    assert read_manifest(out).quantization["overflow_fix"] == "enable"
     assert floats and all("mlp.down_proj" in name for name in floats)
     quantized = {}
     for op in ov.Core().read_model(out / "openvino_model.xml").get_ordered_ops():
@@ -374,17 +373,56 @@ def test_int8_defaults_leave_f8_and_user_settings_alone():
     gave one (`--smooth-quant-alpha`); a user's own ignored scope is kept beside the down projections."""
     from optimum.intel.openvino.configuration import OVQuantizationConfig
 
+    import nncf
+
     from optimum_shared_graph.quantization.calibration import (
-        SMOOTH_QUANT_ALPHA, is_int8_activations, with_int8_activation_defaults,
+        OVERFLOW_FIX, SMOOTH_QUANT_ALPHA, is_int8_activations, with_int8_activation_defaults,
     )
 
     default = with_int8_activation_defaults(OVQuantizationConfig(dtype="int8"), [])
     assert default.to_nncf_dict()["advanced_parameters"].smooth_quant_alphas.matmul == SMOOTH_QUANT_ALPHA
-    given = with_int8_activation_defaults(OVQuantizationConfig(dtype="int8", smooth_quant_alpha=0.8), [])
+    assert default.to_nncf_dict()["advanced_parameters"].overflow_fix == nncf.OverflowFix(OVERFLOW_FIX)
+    given = with_int8_activation_defaults(OVQuantizationConfig(dtype="int8", smooth_quant_alpha=0.8,
+                                                               overflow_fix="first_layer_only"), [])
     assert given.to_nncf_dict()["advanced_parameters"].smooth_quant_alphas.matmul == 0.8
+    assert given.to_nncf_dict()["advanced_parameters"].overflow_fix == nncf.OverflowFix.FIRST_LAYER
 
     assert is_int8_activations(OVQuantizationConfig(dtype="int8"))
     assert not is_int8_activations(OVQuantizationConfig(dtype="f8e4m3"))
     config = with_int8_activation_defaults(OVQuantizationConfig(ignored_scope={"names": ["mine"]}), ["outlier"])
     scope = config.to_nncf_dict()["ignored_scope"]
     assert scope.names == ["mine", "outlier"] and not scope.validate
+
+
+_LOGITS_SCRIPT = """
+import sys
+import numpy as np
+import openvino as ov
+from optimum_shared_graph.runtimes.session import EXACT_CONFIG
+model = ov.Core().compile_model(sys.argv[1], "CPU", EXACT_CONFIG)
+ids = np.array([[1, 5, 9, 14, 20, 27, 35, 44, 54, 65, 77, 90]], np.int64)
+inputs = {"input_ids": ids, "attention_mask": np.ones_like(ids), "position_ids": np.arange(ids.shape[1])[None],
+          "beam_idx": np.zeros(1, np.int32)}
+request = model.create_infer_request()
+np.save(sys.argv[2], request.infer({k: v for k, v in inputs.items() if k in {p.any_name for p in model.inputs}})[0])
+"""
+
+
+@pytest.mark.skipif(not cpu_flags() & {"avx512_vnni", "avx_vnni"}, reason="needs a CPU with VNNI to compare against")
+def test_int8_gives_the_same_logits_on_a_cpu_without_vnni(export, tmp_path):
+    """`--quant-mode int8`'s weights keep 7 bits (NNCF's overflow fix, `OVERFLOW_FIX`), so this CPU capped at AVX2
+    (`ONEDNN_MAX_CPU_ISA=AVX2`: u8 x s8 products summed in pairs into int16, which saturate on 8-bit weights) gives
+    the logits it gives with VNNI."""
+    import os
+    import subprocess
+    import sys
+
+    xml = export("int8-default", "--quant-mode", "int8", "--num-samples", "4") / "openvino_model.xml"
+    logits = {}
+    for isa in ("native", "AVX2"):
+        env = {k: v for k, v in os.environ.items() if k != "ONEDNN_MAX_CPU_ISA"}
+        env.update({"ONEDNN_MAX_CPU_ISA": isa} if isa != "native" else {})
+        subprocess.run([sys.executable, "-c", _LOGITS_SCRIPT, str(xml), str(tmp_path / f"{isa}.npy")], env=env,
+                       check=True, timeout=300)
+        logits[isa] = np.load(tmp_path / f"{isa}.npy")
+    np.testing.assert_allclose(logits["AVX2"], logits["native"], atol=1e-3, rtol=0)

@@ -26,10 +26,11 @@ WINDOWS = 24
 WINDOW_TOKENS = 96
 CALIBRATION_TEXTS = 32
 
-# The int8 (`--quant-mode int8`, both stages, default steps) artifact's held-out perplexity against
-# PyTorch's, |ratio - 1|. Measured on this model and these windows (OpenVINO 2026.4.1, NNCF 3.4.0, AVX-512
-# CPU): +0.039% (the fp16 artifact: -0.0015%). The bound leaves about 6x that for other CPUs' int8 kernels;
-# pytest -rA prints the measurement (INT8_MEASURED).
+# The int8 (`--quant-mode int8`, default calibration: prefill calls only) artifact's held-out perplexity against
+# PyTorch's, |ratio - 1|. Measured on this model and these windows (OpenVINO 2026.4.1, NNCF 3.4.0, AMD EPYC with
+# AVX-512 VNNI): +0.0073% (16 decode calls per text and no overflow fix, on an AVX-512 CPU: +0.039%; the fp16
+# artifact: -0.0015%). The bound leaves room for other CPUs' int8 kernels; pytest -rA prints the measurement
+# (INT8_MEASURED).
 INT8_BOUND = 0.0025
 
 
@@ -108,12 +109,12 @@ def test_shared_fp16_perplexity_matches_pytorch(export, windows, pytorch_perplex
     assert abs(ov / pytorch_perplexity - 1) < 0.005
 
 
-def test_int8_both_stage_perplexity_within_measured_bound(export, trained, windows, pytorch_perplexity, tmp_path):
+def test_int8_perplexity_within_measured_bound(export, trained, windows, pytorch_perplexity, tmp_path):
     texts = train_small.calibration_file(tmp_path / "calibration.txt", CALIBRATION_TEXTS)
-    out = export("int8-both", "--quant-mode", "int8", "--dataset", str(texts), "--num-samples", str(CALIBRATION_TEXTS))
+    out = export("int8", "--quant-mode", "int8", "--dataset", str(texts), "--num-samples", str(CALIBRATION_TEXTS))
     manifest = json.loads((out / "shared_graph.json").read_text())
     samples = manifest["quantization"]["calibration_samples"]
-    assert samples["prefill"] == CALIBRATION_TEXTS and samples["decode"] > 0  # both stages, the default steps
+    assert samples == {"prefill": CALIBRATION_TEXTS, "decode": 0}  # the default: prefill calls only
     validation = manifest["validation"]
     assert validation["status"] == "recorded" and 0 < validation["top1_agreement"] <= 1
     ov = ov_perplexity(out, windows)

@@ -16,16 +16,14 @@ import numpy as np
 from ..errors import InvalidOptionsError
 
 # Decode calls gathered after each prefill where both stages are calibrated: static graphs and vision-language
-# models (not measured against prefill only), and `FULL_QUANTIZATION_DECODE_STEPS` for a text graph's full
-# quantization (`decode_steps_for`).
+# models (not measured against prefill only), and `GPTQ_DECODE_STEPS` for a text graph's GPTQ alone
+# (`decode_steps_for`).
 DEFAULT_DECODE_STEPS = 4
-# `--quant-mode` on a text graph, and GPTQ alone: 16 decode calls per text (pasts up to 16 tokens past the prompt),
-# merged to prompt-length samples. Both algorithms gather their statistics per token (the int8 min-max range over
-# every token, GPTQ's Hessian as a sum over tokens), so decode calls add tokens at positions past the prompts; on two
-# trained models 16 decode calls per text gave 0.81x and 0.97x prefill-only's KL for `--quant-mode int8` (lower in 28
-# and 22 of 29 windows) and 0.97x and 0.92x for GPTQ (17 and 18 of 29), benchmarks/calibration_design.py's one run
-# (docs/quality.md).
-FULL_QUANTIZATION_DECODE_STEPS = 16
+# GPTQ alone on a text graph: 16 decode calls per text (pasts up to 16 tokens past the prompt), merged to
+# prompt-length samples. Its Hessian is a sum over tokens, so decode calls add tokens at positions past the prompts;
+# on two trained models they gave 0.98x and 0.94x prefill-only's KL (lower in 15 and 20 of 29 windows;
+# benchmarks/calibration_design.py's one run, docs/quality.md).
+GPTQ_DECODE_STEPS = 16
 # Why a text graph's other data-aware weight compression calibrates on prefill calls only unless asked otherwise
 # (what the manifest's `calibration_decode_steps_reason` says). NNCF's AWQ and scale estimation reduce each sample
 # to one mean activation vector (`OVMeanReducer` over batch and sequence) and weigh every sample the same
@@ -33,8 +31,8 @@ FULL_QUANTIZATION_DECODE_STEPS = 16
 # the means, and past `subset_size` samples they keep every k-th of the samples sorted by token count): a decode
 # sample of a few tokens weighs as much as a prompt of dozens, and it pushes prompts out of the subset. Merged to
 # prompt-length samples the decode calls weigh by their tokens, and still did not lower the error: on two trained
-# models 16 decode calls per text gave AWQ + scale estimation 0.98x and 1.12x prefill-only's KL, data-aware mixed
-# precision 1.01x and 1.00x (benchmarks/calibration_design.py's one run, docs/quality.md).
+# models 16 decode calls per text gave AWQ + scale estimation 0.98x and 1.17x prefill-only's KL, data-aware mixed
+# precision 1.00x and 1.00x (benchmarks/calibration_design.py's one run, docs/quality.md).
 WEIGHT_COMPRESSION_PREFILL_ONLY = (
     "default for data-aware weight compression but GPTQ alone: prefill calls only (decode calls did not lower AWQ, "
     "scale estimation or mixed precision's error on two trained models, docs/quality.md); "
@@ -43,8 +41,14 @@ WEIGHT_COMPRESSION_PREFILL_ONLY = (
 GPTQ_BOTH_STAGES = ("default for GPTQ alone: prefill and 16 decode calls per text, merged to prompt-length samples "
                     "(its Hessian sums over tokens; lower error than prefill only on two trained models, "
                     "docs/quality.md)")
-BOTH_STAGES = ("default for full quantization: prefill and 16 decode calls per text, merged to prompt-length samples "
-               "(lower error than prefill only on two trained models, docs/quality.md)")
+# Full quantization (`--quant-mode`) on a text graph: prefill calls only. Under MINMAX a range is the min and max over
+# every calibrated token, so decode calls can only widen it; on two trained models 16 decode calls per text gave
+# `--quant-mode int8` 1.04x and 0.91x prefill-only's KL (lower in 11 and 16 of 29 windows; benchmarks/
+# calibration_design.py's one run on an AVX-512 VNNI CPU, docs/quality.md): worse on one model, not 0.9x on the other.
+FULL_QUANTIZATION_PREFILL_ONLY = (
+    "default for full quantization: prefill calls only (decode calls widen the activation ranges and did not lower "
+    "--quant-mode int8's error enough on two trained models, docs/quality.md); --calibration-decode-steps N adds them"
+)
 
 # NNCF's estimator of activation ranges in full quantization (`--quant-mode`): a name in
 # `nncf.quantization.range_estimator.RangeEstimatorParametersSet`, or None for NNCF's own default.
@@ -67,6 +71,14 @@ ACTIVATION_RANGE_ESTIMATOR: str | None = "MINMAX"
 # perplexity, all 30 +1.7%; NNCF's alpha (0.95) moves nearly all of a channel's range into the weights and left the
 # first positions' KL at 0.65, 0.5 at 0.04. Measured by benchmarks/activation_quantization.py (docs/quality.md).
 SMOOTH_QUANT_ALPHA = 0.5
+# `--quant-mode int8` on a text graph: NNCF's overflow fix on every layer (int8 weights keep 7 bits), where optimum-
+# intel's config says "disable" (its default). A CPU without VNNI (AVX2 only: Intel before Ice Lake and Alder Lake, AMD
+# before Zen 4) multiplies u8 activations by s8 weights in pairs summed into int16, which saturates on 8-bit weights;
+# the artifact runs on CPUs its exporter cannot know. On SmolLM2-135M-Instruct (29 windows, 16 decode calls) the
+# quantized graph was +1.6% perplexity from PyTorch on an AVX-512 VNNI CPU and +8.5% on the same CPU capped at AVX2
+# (`ONEDNN_MAX_CPU_ISA=AVX2`); with the fix +2.4% on both (benchmarks/activation_quantization.py, docs/quality.md).
+# A config's "first_layer_only" is kept (8-bit weights but the first layer's, for CPUs known to have VNNI).
+OVERFLOW_FIX = "enable"
 # The activation functions of an MLP, whose output (or its product with the up projection: a gated MLP) a down
 # projection reads.
 MLP_ACTIVATIONS = ("Swish", "Gelu", "Relu", "HSwish", "Mish", "Sigmoid")
@@ -88,6 +100,7 @@ class CalibrationReport:
     graph: str | None = None  # "stateless" when samples carried their cache explicitly
     reason: str | None = None  # why this many decode steps (`decode_steps_for`)
     float_matmuls: list[str] | None = None  # --quant-mode int8: MatMuls left in float (`mlp_output_matmuls`)
+    overflow_fix: str | None = None  # --quant-mode int8: NNCF's overflow fix applied (`OVERFLOW_FIX`)
     samples: int = 0  # what NNCF sees: the prefill calls and the decode calls' samples (merged or not)
 
     def counts(self) -> dict[str, int]:
@@ -197,15 +210,15 @@ def both_stage_steps(requested: int | None) -> int:
 
 def decode_steps_for(requested: int | None, quantization_config: Any) -> tuple[int, str]:
     """The decode calls calibrated after each text's prefill for a text graph, and why: `requested` when given
-    (`--calibration-decode-steps`), else `FULL_QUANTIZATION_DECODE_STEPS` for full or mixed quantization and for
-    GPTQ alone, 0 for the other data-aware weight compression, as measured (`BOTH_STAGES`, `GPTQ_BOTH_STAGES`,
-    `WEIGHT_COMPRESSION_PREFILL_ONLY`)."""
+    (`--calibration-decode-steps`), else `GPTQ_DECODE_STEPS` for GPTQ alone and 0 for every other data-aware
+    quantization, as measured (`GPTQ_BOTH_STAGES`, `WEIGHT_COMPRESSION_PREFILL_ONLY`,
+    `FULL_QUANTIZATION_PREFILL_ONLY`)."""
     if requested is not None:
         return requested, "--calibration-decode-steps"
     if not is_weight_compression(quantization_config):
-        return FULL_QUANTIZATION_DECODE_STEPS, BOTH_STAGES
+        return 0, FULL_QUANTIZATION_PREFILL_ONLY
     if _gptq_alone(quantization_config):
-        return FULL_QUANTIZATION_DECODE_STEPS, GPTQ_BOTH_STAGES
+        return GPTQ_DECODE_STEPS, GPTQ_BOTH_STAGES
     return 0, WEIGHT_COMPRESSION_PREFILL_ONLY
 
 
@@ -350,8 +363,8 @@ def mlp_output_matmuls(ov_model) -> list[str]:
 
 
 def is_int8_activations(config) -> bool:
-    """Whether the config quantizes activations to int8 with NNCF (`--quant-mode int8`): what `SMOOTH_QUANT_ALPHA` and
-    `mlp_output_matmuls` were measured for (not the `*_f8e4m3` modes, whose activations keep a float format)."""
+    """Whether the config quantizes activations to int8 with NNCF (`--quant-mode int8`): what `SMOOTH_QUANT_ALPHA`,
+    `OVERFLOW_FIX` and `mlp_output_matmuls` were measured for (not the `*_f8e4m3` modes, whose activations keep a float format)."""
     from optimum.intel.openvino.configuration import OVQuantizationConfig
 
     return isinstance(config, OVQuantizationConfig) and config.dtype == "int8"
@@ -360,9 +373,11 @@ def is_int8_activations(config) -> bool:
 def with_int8_activation_defaults(config, ignored: list[str]):
     """The config (already a copy) of `--quant-mode int8` with this package's defaults for a text graph: `ignored`
     MatMuls left in float (`mlp_output_matmuls`, the user's own ignored scope kept), and `SMOOTH_QUANT_ALPHA` where the
-    user gave no alpha."""
+    user gave no alpha, `OVERFLOW_FIX` where the config's overflow fix is optimum-intel's default ("disable")."""
     if config.smooth_quant_alpha is None:
         config.smooth_quant_alpha = SMOOTH_QUANT_ALPHA
+    if config.overflow_fix == "disable":
+        config.overflow_fix = OVERFLOW_FIX
     return _with_ignored(config, ignored)
 
 

@@ -57,9 +57,10 @@ def add_arguments(parser) -> None:
                             "checkpoint does not fit in memory (each call rereads it from disk).")
     group.add_argument("--calibration-decode-steps", type=int, default=None, metavar="N",
                        help="Data-aware quantization: decode calls calibrated after each text's prefill, with the "
-                            "real KV cache (0: prefill only). Default: 16 for --quant-mode and GPTQ alone, 0 for the other "
-                            "data-aware weight compression (AWQ, scale estimation, mixed precision: measured no better "
-                            "with decode calls), 4 for static graphs and vision-language models. --dataset may also be a local text file, one sample per line.")
+                            "real KV cache (0: prefill only). Default: 16 for GPTQ alone, 0 for every other data-aware "
+                            "quantization (--quant-mode, AWQ, scale estimation, mixed precision: measured no better "
+                            "with decode calls), 4 for static graphs and vision-language models. --dataset may also "
+                            "be a local text file, one sample per line.")
     group.add_argument("--quiet", action="store_true", default=None,
                        help="No progress display (shown on stderr only when it is a terminal); the summary line "
                             "is still printed.")

@@ -319,8 +319,10 @@ def build_manifest(
                if calibration is not None and calibration.graph else {}),
             **({"calibration_decode_steps_reason": calibration.reason}
                if calibration is not None and calibration.graph and calibration.reason else {}),
-            **({"float_matmuls": calibration.float_matmuls, "overflow_fix": calibration.overflow_fix}
+            **({"float_matmuls": calibration.float_matmuls}
                if calibration is not None and calibration.float_matmuls is not None else {}),
+            **({"overflow_fix": calibration.overflow_fix}
+               if calibration is not None and calibration.overflow_fix is not None else {}),
         },
     )
 

@@ -288,6 +288,31 @@ def error_line(proc: subprocess.CompletedProcess) -> str:
     return lines[0]
 
 
+def widest_int8_weight(xml: Path) -> int:
+    """The largest |value| of the int8 weights of its own (not tied to an embedding) that a MatMul with int8
+    (FakeQuantize) activations reads in the graph at `xml`: at most 64 where NNCF's overflow fix keeps them to 7
+    bits, 127 where it does not."""
+    import numpy as np
+    import openvino as ov
+
+    def upstream(value, through):
+        node, shared = value.get_node(), len(value.get_target_inputs()) > 1
+        while node.get_type_name() in through:
+            value = node.input_value(0)
+            node, shared = value.get_node(), shared or len(value.get_target_inputs()) > 1
+        return node, shared
+
+    widest = 0
+    for op in ov.Core().read_model(xml).get_ordered_ops():
+        if op.get_type_name() != "MatMul" or \
+                upstream(op.input_value(0), ("Convert", "Reshape", "Transpose"))[0].get_type_name() != "FakeQuantize":
+            continue
+        weight, shared = upstream(op.input_value(1), ("Convert", "Subtract", "Multiply", "Reshape", "Transpose"))
+        if not shared and weight.get_type_name() == "Constant" and weight.get_element_type() == ov.Type.i8:
+            widest = max(widest, int(np.abs(weight.get_data().astype(np.int32)).max()))
+    return widest
+
+
 def tree_snapshot(path: Path) -> dict[str, bytes] | None:
     if not path.exists():
         return None

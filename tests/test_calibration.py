@@ -368,24 +368,52 @@ def test_int8_leaves_the_down_projections_in_float(export):
     assert "float_matmuls" not in awq
 
 
+def test_overflow_fix_on_every_int8_part_unless_the_config_sets_one():
+    """`OVERFLOW_FIX` reaches NNCF's parameters of every int8 full-quantization part (a config, a mixed config's, a
+    pipeline config's graphs') whose overflow fix is optimum-intel's default; a config's own `first_layer_only` and
+    f8 activations are left alone; the setting is what the manifest records."""
+    import nncf
+    from optimum.intel.openvino.configuration import (
+        OVMixedQuantizationConfig,
+        OVPipelineQuantizationConfig,
+        OVQuantizationConfig,
+        OVWeightQuantizationConfig,
+    )
+
+    from optimum_shared_graph.quantization.calibration import OVERFLOW_FIX, _with_overflow_fix
+
+    def fix(config):
+        return config.to_nncf_dict()["advanced_parameters"].overflow_fix
+
+    int8 = OVQuantizationConfig(dtype="int8")
+    assert _with_overflow_fix(int8) == OVERFLOW_FIX and fix(int8) == nncf.OverflowFix(OVERFLOW_FIX)
+    own = OVQuantizationConfig(dtype="int8", overflow_fix="first_layer_only")
+    assert _with_overflow_fix(own) == "first_layer_only" and fix(own) == nncf.OverflowFix.FIRST_LAYER
+    f8 = OVQuantizationConfig(dtype="f8e4m3")
+    assert _with_overflow_fix(f8) is None and fix(f8) == nncf.OverflowFix.DISABLE
+    mixed = OVMixedQuantizationConfig(OVWeightQuantizationConfig(bits=4), OVQuantizationConfig(dtype="int8"))
+    assert _with_overflow_fix(mixed) == OVERFLOW_FIX
+    assert mixed.full_quantization_config.overflow_fix == OVERFLOW_FIX
+    pipeline = OVPipelineQuantizationConfig({"lm_model": OVQuantizationConfig(dtype="int8"),
+                                             "vision_embeddings_model": OVQuantizationConfig(dtype="int8")})
+    assert _with_overflow_fix(pipeline) == OVERFLOW_FIX
+    assert all(c.overflow_fix == OVERFLOW_FIX for c in pipeline.quantization_configs.values())
+    assert _with_overflow_fix(OVWeightQuantizationConfig(bits=4)) is None
+
+
 def test_int8_defaults_leave_f8_and_user_settings_alone():
     """The defaults apply to int8 activations only; SmoothQuant's alpha reaches NNCF's parameters unless the user
     gave one (`--smooth-quant-alpha`); a user's own ignored scope is kept beside the down projections."""
     from optimum.intel.openvino.configuration import OVQuantizationConfig
 
-    import nncf
-
     from optimum_shared_graph.quantization.calibration import (
-        OVERFLOW_FIX, SMOOTH_QUANT_ALPHA, is_int8_activations, with_int8_activation_defaults,
+        SMOOTH_QUANT_ALPHA, is_int8_activations, with_int8_activation_defaults,
     )
 
     default = with_int8_activation_defaults(OVQuantizationConfig(dtype="int8"), [])
     assert default.to_nncf_dict()["advanced_parameters"].smooth_quant_alphas.matmul == SMOOTH_QUANT_ALPHA
-    assert default.to_nncf_dict()["advanced_parameters"].overflow_fix == nncf.OverflowFix(OVERFLOW_FIX)
-    given = with_int8_activation_defaults(OVQuantizationConfig(dtype="int8", smooth_quant_alpha=0.8,
-                                                               overflow_fix="first_layer_only"), [])
+    given = with_int8_activation_defaults(OVQuantizationConfig(dtype="int8", smooth_quant_alpha=0.8), [])
     assert given.to_nncf_dict()["advanced_parameters"].smooth_quant_alphas.matmul == 0.8
-    assert given.to_nncf_dict()["advanced_parameters"].overflow_fix == nncf.OverflowFix.FIRST_LAYER
 
     assert is_int8_activations(OVQuantizationConfig(dtype="int8"))
     assert not is_int8_activations(OVQuantizationConfig(dtype="f8e4m3"))

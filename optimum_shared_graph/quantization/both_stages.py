@@ -321,12 +321,12 @@ def quantize_both_stages(
         merged = max(1, round(float(np.mean([_as_numpy(p["input_ids"]).shape[-1] for p in prompts]))))
     samples = BothStageSamples(model.model, prompts, decode_steps, decode_tokens_per_sample=merged)
     report.record(samples, decode_steps)
-    if is_int8_activations(config):  # down projections in float, alpha 0.5, weights that no CPU saturates
+    if is_int8_activations(config):  # the down projections, whose inputs hold outliers, stay in float; alpha 0.5
         report.float_matmuls = mlp_output_matmuls(model.model)
         config = with_int8_activation_defaults(config.clone(), report.float_matmuls)
-        report.overflow_fix = config.overflow_fix
-    _apply_calibrated(model, config, samples, model_name_or_path=model_name_or_path,
-                      trust_remote_code=trust_remote_code, save_directory=output, immediate_save=True)
+    report.overflow_fix = _apply_calibrated(model, config, samples, model_name_or_path=model_name_or_path,
+                                            trust_remote_code=trust_remote_code, save_directory=output,
+                                            immediate_save=True)
     model_config = model.config
     del model, samples
     gc.collect()

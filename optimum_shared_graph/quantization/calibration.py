@@ -71,8 +71,8 @@ ACTIVATION_RANGE_ESTIMATOR: str | None = "MINMAX"
 # perplexity, all 30 +1.7%; NNCF's alpha (0.95) moves nearly all of a channel's range into the weights and left the
 # first positions' KL at 0.65, 0.5 at 0.04. Measured by benchmarks/activation_quantization.py (docs/quality.md).
 SMOOTH_QUANT_ALPHA = 0.5
-# `--quant-mode int8` on a text graph: NNCF's overflow fix on every layer (int8 weights keep 7 bits), where optimum-
-# intel's config says "disable" (its default). A CPU without VNNI (AVX2 only: Intel before Ice Lake and Alder Lake, AMD
+# Int8 activations (`--quant-mode int8`, on any graph: text, static, a vision-language model's): NNCF's overflow fix on
+# every layer (int8 weights keep 7 bits), where optimum-intel's config says "disable" (its default). A CPU without VNNI (AVX2 only: Intel before Ice Lake and Alder Lake, AMD
 # before Zen 4) multiplies u8 activations by s8 weights in pairs summed into int16, which saturates on 8-bit weights;
 # the artifact runs on CPUs its exporter cannot know. On SmolLM2-135M-Instruct (29 windows, 16 decode calls) the
 # quantized graph was +1.6% perplexity from PyTorch on an AVX-512 VNNI CPU and +8.5% on the same CPU capped at AVX2
@@ -100,7 +100,7 @@ class CalibrationReport:
     graph: str | None = None  # "stateless" when samples carried their cache explicitly
     reason: str | None = None  # why this many decode steps (`decode_steps_for`)
     float_matmuls: list[str] | None = None  # --quant-mode int8: MatMuls left in float (`mlp_output_matmuls`)
-    overflow_fix: str | None = None  # --quant-mode int8: NNCF's overflow fix applied (`OVERFLOW_FIX`)
+    overflow_fix: str | None = None  # int8 activations: NNCF's overflow fix of their graphs (`OVERFLOW_FIX`)
     samples: int = 0  # what NNCF sees: the prefill calls and the decode calls' samples (merged or not)
 
     def counts(self) -> dict[str, int]:
@@ -273,6 +273,28 @@ def _with_num_samples(config, count: int):
     return config
 
 
+def _full_quantization_parts(config) -> list:
+    """The full-quantization parts (`OVQuantizationConfig`) of a config: itself, a mixed config's
+    `full_quantization_config`, a pipeline config's graphs' configs."""
+    from optimum.intel.openvino.configuration import OVQuantizationConfig
+
+    parts = [config, getattr(config, "full_quantization_config", None)]
+    parts += list((getattr(config, "quantization_configs", None) or {}).values())
+    return [part for part in parts if isinstance(part, OVQuantizationConfig)]
+
+
+def _with_overflow_fix(config) -> str | None:
+    """`OVERFLOW_FIX` on every int8 full-quantization part of the config (already a copy) whose overflow fix is
+    optimum-intel's default ("disable"); the setting its int8 parts then have (None: no int8 activations)."""
+    applied = None
+    for part in _full_quantization_parts(config):
+        if part.dtype == "int8":
+            if part.overflow_fix == "disable":
+                part.overflow_fix = OVERFLOW_FIX
+            applied = part.overflow_fix
+    return applied
+
+
 def _with_activation_range(config, estimator: str | None):
     """The config (already a copy) with NNCF's activation range estimator set on its full-quantization
     parts, through optimum-intel's own `advanced_parameters` kwarg; weight compression, and an estimator
@@ -283,17 +305,13 @@ def _with_activation_range(config, estimator: str | None):
 
     import nncf
     from nncf.quantization.range_estimator import RangeEstimatorParameters, RangeEstimatorParametersSet
-    from optimum.intel.openvino.configuration import OVQuantizationConfig
 
     params = getattr(RangeEstimatorParametersSet, estimator.upper())
-    parts = [config, getattr(config, "full_quantization_config", None)]
-    parts += list((getattr(config, "quantization_configs", None) or {}).values())
-    for part in parts:
-        if isinstance(part, OVQuantizationConfig):
-            advanced = part.kwargs.get("advanced_parameters") or nncf.AdvancedQuantizationParameters()
-            if advanced.activations_range_estimator_params != RangeEstimatorParameters():
-                continue
-            part.kwargs["advanced_parameters"] = dataclasses.replace(advanced, activations_range_estimator_params=params)
+    for part in _full_quantization_parts(config):
+        advanced = part.kwargs.get("advanced_parameters") or nncf.AdvancedQuantizationParameters()
+        if advanced.activations_range_estimator_params != RangeEstimatorParameters():
+            continue
+        part.kwargs["advanced_parameters"] = dataclasses.replace(advanced, activations_range_estimator_params=params)
     return config
 
 
@@ -363,8 +381,8 @@ def mlp_output_matmuls(ov_model) -> list[str]:
 
 
 def is_int8_activations(config) -> bool:
-    """Whether the config quantizes activations to int8 with NNCF (`--quant-mode int8`): what `SMOOTH_QUANT_ALPHA`,
-    `OVERFLOW_FIX` and `mlp_output_matmuls` were measured for (not the `*_f8e4m3` modes, whose activations keep a float format)."""
+    """Whether the config quantizes activations to int8 with NNCF (`--quant-mode int8`): what `SMOOTH_QUANT_ALPHA` and
+    `mlp_output_matmuls` were measured for (not the `*_f8e4m3` modes, whose activations keep a float format)."""
     from optimum.intel.openvino.configuration import OVQuantizationConfig
 
     return isinstance(config, OVQuantizationConfig) and config.dtype == "int8"
@@ -373,39 +391,33 @@ def is_int8_activations(config) -> bool:
 def with_int8_activation_defaults(config, ignored: list[str]):
     """The config (already a copy) of `--quant-mode int8` with this package's defaults for a text graph: `ignored`
     MatMuls left in float (`mlp_output_matmuls`, the user's own ignored scope kept), and `SMOOTH_QUANT_ALPHA` where the
-    user gave no alpha, `OVERFLOW_FIX` where the config's overflow fix is optimum-intel's default ("disable")."""
+    user gave no alpha."""
     if config.smooth_quant_alpha is None:
         config.smooth_quant_alpha = SMOOTH_QUANT_ALPHA
-    if config.overflow_fix == "disable":
-        config.overflow_fix = OVERFLOW_FIX
     return _with_ignored(config, ignored)
 
 
 def _with_ignored(config, names: list[str]):
     """The config (already a copy) with `names` added to the ignored scope of its full-quantization parts (optimum-
     intel's `ignored_scope` dict, the user's own scope kept)."""
-    from optimum.intel.openvino.configuration import OVQuantizationConfig
-
     if not names:
         return config
-    parts = [config, getattr(config, "full_quantization_config", None)]
-    parts += list((getattr(config, "quantization_configs", None) or {}).values())
-    for part in parts:
-        if isinstance(part, OVQuantizationConfig):
-            scope = dict(part.ignored_scope or {})
-            scope["names"] = list(dict.fromkeys([*(scope.get("names") or []), *names]))
-            scope.setdefault("validate", False)
-            part.ignored_scope = scope
+    for part in _full_quantization_parts(config):
+        scope = dict(part.ignored_scope or {})
+        scope["names"] = list(dict.fromkeys([*(scope.get("names") or []), *names]))
+        scope.setdefault("validate", False)
+        part.ignored_scope = scope
     return config
 
 
 def _apply_calibrated(model, config, samples, *, model_name_or_path: str, trust_remote_code: bool,
-                      submodel: str | None = None, others: dict | None = None, **save) -> None:
+                      submodel: str | None = None, others: dict | None = None, **save) -> str | None:
     """optimum-intel's quantization of `model.model` with NNCF, on `samples` (every one of them, with
-    this package's activation range estimator); `submodel`: the name of the graph of a model of several the
-    samples are of (`"lm_model"`: a vision-language model's language model), `others` the NNCF datasets of other
-    graphs of it (a vision-language model's vision graphs in full quantization); `save` is `_apply_quantization`'s
-    saving arguments."""
+    this package's activation range estimator, and `OVERFLOW_FIX` on every graph with int8 activations);
+    `submodel`: the name of the graph of a model of several the samples are of (`"lm_model"`: a vision-language
+    model's language model), `others` the NNCF datasets of other graphs of it (a vision-language model's vision
+    graphs in full quantization); `save` is `_apply_quantization`'s saving arguments. Returns the overflow fix of
+    the int8 parts (None: no int8 activations)."""
     from optimum.intel.openvino.configuration import OVPipelineQuantizationConfig
     from optimum.intel.openvino.quantization import OVCalibrationDataset, OVQuantizer
 
@@ -421,6 +433,7 @@ def _apply_calibrated(model, config, samples, *, model_name_or_path: str, trust_
         config = pipeline
     else:
         config = _with_activation_range(config, ACTIVATION_RANGE_ESTIMATOR)
+    overflow_fix = _with_overflow_fix(config)
     model._apply_quantization(
         config,
         compile_only=False, compile_model=False, model_name_or_path=model_name_or_path,
@@ -428,6 +441,7 @@ def _apply_calibrated(model, config, samples, *, model_name_or_path: str, trust_
         calibration_dataset=OVCalibrationDataset({submodel: dataset, **(others or {})} if submodel else dataset),
         **save,
     )
+    return overflow_fix
 
 
 def make_stateful(xml: Path, model_config, shapes: dict | None = None) -> None:

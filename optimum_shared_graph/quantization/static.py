@@ -267,10 +267,11 @@ def quantize_static_graph(ov_model, raw: Path, pending: StaticQuantization):
     generation_config = getattr(model, "generation_config", None)
     pad = generation_config.pad_token_id if generation_config is not None else None  # as the runtime chooses it
     samples = StaticCalibrationSamples(ov_model, prompts, pending.decode_steps, pad_token_id=pad or 0)
-    (pending.report if pending.report is not None else CalibrationReport()).record(samples, pending.decode_steps)
+    report = pending.report if pending.report is not None else CalibrationReport()
+    report.record(samples, pending.decode_steps)
     model.replace_ov_model(model.model, ov_model)  # the dynamic graph is released here
-    _apply_calibrated(model, config, samples, model_name_or_path=pending.model_name_or_path,
-                      trust_remote_code=pending.trust_remote_code)
+    report.overflow_fix = _apply_calibrated(model, config, samples, model_name_or_path=pending.model_name_or_path,
+                                            trust_remote_code=pending.trust_remote_code)
     quantized = model.model
     model._openvino_config.save_pretrained(raw)
     del model, samples

@@ -357,9 +357,9 @@ def quantize_vlm_both_stages(model_name_or_path: str, output: str | os.PathLike,
                                      state_shapes=shapes)
     report.record(samples, decode_steps)
     with host.config_enums_serialized():  # the range estimator in openvino_config.json
-        _apply_calibrated(model, config, samples, model_name_or_path=model_name_or_path,
-                          trust_remote_code=trust_remote_code, submodel="lm_model", others=vision_datasets(vision),
-                          save_directory=output, immediate_save=True)
+        report.overflow_fix = _apply_calibrated(
+            model, config, samples, model_name_or_path=model_name_or_path, trust_remote_code=trust_remote_code,
+            submodel="lm_model", others=vision_datasets(vision), save_directory=output, immediate_save=True)
     model_config = model.config
     del model, samples, language
     gc.collect()

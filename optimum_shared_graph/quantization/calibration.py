@@ -71,13 +71,14 @@ ACTIVATION_RANGE_ESTIMATOR: str | None = "MINMAX"
 # perplexity, all 30 +1.7%; NNCF's alpha (0.95) moves nearly all of a channel's range into the weights and left the
 # first positions' KL at 0.65, 0.5 at 0.04. Measured by benchmarks/activation_quantization.py (docs/quality.md).
 SMOOTH_QUANT_ALPHA = 0.5
-# Int8 activations (`--quant-mode int8`, on any graph: text, static, a vision-language model's): NNCF's overflow fix on
-# every layer (int8 weights keep 7 bits), where optimum-intel's config says "disable" (its default). A CPU without VNNI (AVX2 only: Intel before Ice Lake and Alder Lake, AMD
-# before Zen 4) multiplies u8 activations by s8 weights in pairs summed into int16, which saturates on 8-bit weights;
-# the artifact runs on CPUs its exporter cannot know. On SmolLM2-135M-Instruct (29 windows, 16 decode calls) the
-# quantized graph was +1.6% perplexity from PyTorch on an AVX-512 VNNI CPU and +8.5% on the same CPU capped at AVX2
-# (`ONEDNN_MAX_CPU_ISA=AVX2`); with the fix +2.4% on both (benchmarks/activation_quantization.py, docs/quality.md).
-# A config's "first_layer_only" is kept (8-bit weights but the first layer's, for CPUs known to have VNNI).
+# Int8 activations (`--quant-mode int8`, on any graph: text, static, a vision-language model's): NNCF's overflow fix
+# on every layer (int8 weights keep 7 bits), where optimum-intel's config says "disable" (its default). A CPU without
+# VNNI (AVX2 only: Intel before Ice Lake and Alder Lake, AMD before Zen 4) multiplies u8 activations by s8 weights in
+# pairs summed into int16, which saturates on 8-bit weights, and an artifact runs on CPUs its exporter cannot know.
+# On SmolLM2-135M-Instruct (29 windows, the text graph's defaults) 8-bit weights gave +0.59% perplexity from PyTorch
+# on an AVX-512 VNNI CPU and +10.99% on the same CPU capped at AVX2 (`ONEDNN_MAX_CPU_ISA=AVX2`), 7-bit +2.04% and
+# +1.48% (benchmarks/activation_quantization.py, docs/quality.md). A config's "first_layer_only" is kept (8-bit
+# weights, for CPUs known to have VNNI).
 OVERFLOW_FIX = "enable"
 # The activation functions of an MLP, whose output (or its product with the up projection: a gated MLP) a down
 # projection reads.

@@ -426,13 +426,21 @@ _LOGITS_SCRIPT = """
 import sys
 import numpy as np
 import openvino as ov
+import openvino.opset13 as ops
 from optimum_shared_graph.runtimes.session import EXACT_CONFIG
-model = ov.Core().compile_model(sys.argv[1], "CPU", EXACT_CONFIG)
+core = ov.Core()
+model = core.compile_model(sys.argv[1], "CPU", EXACT_CONFIG)
 ids = np.array([[1, 5, 9, 14, 20, 27, 35, 44, 54, 65, 77, 90]], np.int64)
 inputs = {"input_ids": ids, "attention_mask": np.ones_like(ids), "position_ids": np.arange(ids.shape[1])[None],
           "beam_idx": np.zeros(1, np.int32)}
 request = model.create_infer_request()
 np.save(sys.argv[2], request.infer({k: v for k, v in inputs.items() if k in {p.any_name for p in model.inputs}})[0])
+# a probe whose u8 x s8 sums saturate in int16: 64 activations of 255 times weights of 127
+x = ops.parameter([1, 1, 64], np.float32)
+c = lambda v: ops.constant(np.float32(v))
+weights = ops.multiply(ops.convert(ops.constant(np.full((1, 64), 127, np.int8)), ov.Type.f32), c(0.01))
+probe = ov.Model([ops.matmul(ops.fake_quantize(x, c(0), c(2.55), c(0), c(2.55), 256), weights, False, True)], [x])
+print(float(core.compile_model(probe, "CPU", EXACT_CONFIG)({0: np.full((1, 1, 64), 2.55, np.float32)})[0].ravel()[0]))
 """
 
 
@@ -440,17 +448,19 @@ np.save(sys.argv[2], request.infer({k: v for k, v in inputs.items() if k in {p.a
 def test_int8_gives_the_same_logits_on_a_cpu_without_vnni(export, tmp_path):
     """`--quant-mode int8`'s weights keep 7 bits (NNCF's overflow fix, `OVERFLOW_FIX`), so this CPU capped at AVX2
     (`ONEDNN_MAX_CPU_ISA=AVX2`: u8 x s8 products summed in pairs into int16, which saturate on 8-bit weights) gives
-    the logits it gives with VNNI."""
+    the logits it gives with VNNI (and a probe graph of 8-bit weights shows that the cap is in effect)."""
     import os
     import subprocess
     import sys
 
     xml = export("int8-default", "--quant-mode", "int8", "--num-samples", "4") / "openvino_model.xml"
-    logits = {}
+    logits, probe = {}, {}
     for isa in ("native", "AVX2"):
         env = {k: v for k, v in os.environ.items() if k != "ONEDNN_MAX_CPU_ISA"}
         env.update({"ONEDNN_MAX_CPU_ISA": isa} if isa != "native" else {})
-        subprocess.run([sys.executable, "-c", _LOGITS_SCRIPT, str(xml), str(tmp_path / f"{isa}.npy")], env=env,
-                       check=True, timeout=300)
-        logits[isa] = np.load(tmp_path / f"{isa}.npy")
+        proc = subprocess.run([sys.executable, "-c", _LOGITS_SCRIPT, str(xml), str(tmp_path / f"{isa}.npy")], env=env,
+                              check=True, timeout=300, capture_output=True, text=True)
+        logits[isa], probe[isa] = np.load(tmp_path / f"{isa}.npy"), float(proc.stdout.split()[-1])
+    # the cap is in effect: 8-bit weights' sums saturate under it (64 x 2.55 x 1.27 = 207.26 with VNNI)
+    assert abs(probe["native"] - 207.264) < 0.01 and probe["AVX2"] < 0.9 * probe["native"], probe
     np.testing.assert_allclose(logits["AVX2"], logits["native"], atol=1e-3, rtol=0)

@@ -9,9 +9,10 @@ again under `ONEDNN_MAX_CPU_ISA=AVX2` for a CPU without VNNI (the JSON records w
 
 A variant is a set of changes to `--quant-mode int8`'s config (`VARIANTS`): SmoothQuant's alpha, NNCF ignored scopes
 (one group of operations left in float at a time, or every group but one), the activation range estimator,
-per-channel activation quantizers, the quantizers' scheme, NNCF's overflow fix, the calibration set. `--outliers` also measures, on the fp32 graph and the
-calibration samples, each weighted MatMul's input: its largest value over every token against its 99.9th
-percentile, which channels hold it and at which position.
+per-channel activation quantizers, the quantizers' scheme, NNCF's overflow fix, the calibration set. A variant
+other than `shipped` starts from optimum-intel's config as it is (no overflow fix unless it sets one). `--outliers`
+also measures, on the fp32 graph and the calibration samples, each weighted MatMul's input: its largest value over
+every token against its 99.9th percentile, which channels hold it and at which position.
 
 Usage:
     nice -n 5 python benchmarks/activation_quantization.py --model real --outliers --variants default no-sq ...
@@ -170,20 +171,23 @@ def quantize(base: Path, out: Path, variant: dict, texts: list[str], num_samples
     prompts = prompt_inputs(model, config)
     design = variant.get("design") or calibration_design.default_design("int8", texts, num_samples)
     samples = calibration_design.samples_of(model, prompts, design)
-    info = {"design": design, "samples": len(samples), "prefill_calls": samples.prefill_count, "decode_calls": samples.decode_count}
+    info = {"design": design, "samples": len(samples), "prefill_calls": samples.prefill_count,
+            "decode_calls": samples.decode_count}
     if variant.get("package"):  # what quantize_both_stages does for --quant-mode int8
         ignored = calibration.mlp_output_matmuls(model.model)
         config = calibration.with_int8_activation_defaults(config.clone(), ignored)
         info["float_matmuls"] = ignored
-    saved = calibration.ACTIVATION_RANGE_ESTIMATOR
+    saved = calibration.ACTIVATION_RANGE_ESTIMATOR, calibration.OVERFLOW_FIX
     if estimator == "nncf-default":
         calibration.ACTIVATION_RANGE_ESTIMATOR = None
+    if not variant.get("package"):  # optimum-intel's overflow fix ("disable") unless the variant sets one
+        calibration.OVERFLOW_FIX = "disable"
     start = time.perf_counter()
     try:
-        _apply_calibrated(model, config, samples, model_name_or_path=model_id, trust_remote_code=False,
-                          save_directory=out, immediate_save=True)
+        info["overflow_fix"] = _apply_calibrated(model, config, samples, model_name_or_path=model_id,
+                                                 trust_remote_code=False, save_directory=out, immediate_save=True)
     finally:
-        calibration.ACTIVATION_RANGE_ESTIMATOR = saved
+        calibration.ACTIVATION_RANGE_ESTIMATOR, calibration.OVERFLOW_FIX = saved
     info["quantize_seconds"] = time.perf_counter() - start
     model_config = model.config
     del model, samples
@@ -320,7 +324,7 @@ def main() -> None:
             print(f"{name:24s} {what}")
         return
 
-    work = args.work / (args.name or (args.model if args.model in ("real", "trained") else Path(args.model).name))
+    work = args.work / (args.name or Path(args.model).name)
     data = calibration_design.model_data(args.model, work, args)
     model, wins, texts = Path(data["path"]), data["wins"], data["texts"]
     base = calibration_design.base_graph(model, work, args.base_task)
